@@ -1,0 +1,50 @@
+"""Clocks the engine injects: virtual (a manual clock advanced by charged cost) and real.
+
+Both read in ms. `sleep` is how a mock backend pays its cost: exact in virtual
+time, precise in real time (sleep most of it, spin the last stretch).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class ManualClock:
+    kind = "virtual"
+
+    def __init__(self, start_ms: float = 0.0) -> None:
+        self._now = start_ms
+
+    def now(self) -> float:
+        return self._now
+
+    def sleep(self, ms: float) -> None:
+        if ms < 0:
+            raise ValueError(f"cannot sleep a negative time ({ms} ms)")
+        self._now += ms
+
+    def advance_to(self, t_ms: float) -> None:
+        self._now = max(self._now, t_ms)
+
+
+class RealClock:
+    kind = "real"
+    _SPIN_MS = 1.0
+
+    def __init__(self) -> None:
+        self._origin_ns = time.perf_counter_ns()
+
+    def now(self) -> float:
+        return (time.perf_counter_ns() - self._origin_ns) / 1e6
+
+    def sleep(self, ms: float) -> None:
+        deadline = self.now() + ms
+        if ms > self._SPIN_MS:
+            time.sleep((ms - self._SPIN_MS) / 1e3)
+        while self.now() < deadline:
+            pass
+
+    def advance_to(self, t_ms: float) -> None:
+        wait = t_ms - self.now()
+        if wait > 0:
+            self.sleep(wait)

@@ -1,0 +1,40 @@
+"""Committing sampled tokens to a request: the same rules for classic and speculative rows.
+
+Tokens are first truncated to the remaining budget; EOS is never committed;
+finish-reason ranking: stop string > EOS (`stop`) > budget (`length`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .request import FinishReason, Request
+
+Detokenize = Callable[[Sequence[int]], str]
+
+
+def matches_stop(request: Request, detokenize: Detokenize) -> bool:
+    """Whether the output's tail now contains a stop string (each token is >= 1 char)."""
+    if not request.stop:
+        return False
+    window = max(len(s) for s in request.stop) + 4
+    tail = detokenize(request.output_token_ids[-window:])
+    return any(s in tail for s in request.stop)
+
+
+def commit_tokens(request: Request, tokens: Sequence[int], eos_token_id: int,
+                  detokenize: Detokenize) -> tuple[list[int], FinishReason | None]:
+    """Append what may be committed of `tokens`; return it and the finish reason, if any."""
+    committed: list[int] = []
+    for token in list(tokens)[: request.num_remaining]:
+        if token == eos_token_id:
+            return committed, FinishReason.STOP
+        request.output_token_ids.append(token)
+        committed.append(token)
+        if matches_stop(request, detokenize):
+            return committed, FinishReason.STOP
+    if request.num_remaining <= 0:
+        return committed, FinishReason.LENGTH
+    if committed:
+        request.last_token = committed[-1]
+    return committed, None

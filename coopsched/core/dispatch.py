@@ -1,0 +1,42 @@
+"""Where a request goes when it reaches the head of the prefill queue.
+
+A pure function of the request, the config and the speculative slot, so the
+(request shape x gates) -> outcome table can be golden-tested (DESIGN.md 3-4).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from .config import SchedulerConfig
+from .request import Request
+
+
+class Route(str, enum.Enum):
+    CLASSIC = "classic"
+    SPEC_B1 = "speculative_b1"
+    WINDOW = "batched_window"
+    WAITER = "waiter"
+
+
+def is_eligible(request: Request, config: SchedulerConfig) -> bool:
+    """Speculation configured, the request did not opt out, and it has a prompt."""
+    return config.has_drafter and request.speculative and len(request.prompt_token_ids) > 0
+
+
+def same_shape(a: Request, b: Request, ragged: bool) -> bool:
+    """Window siblings: equal prompt length (unless ragged), same max_tokens and sampling."""
+    return ((ragged or len(a.prompt_token_ids) == len(b.prompt_token_ids))
+            and a.max_tokens == b.max_tokens and a.sampling == b.sampling)
+
+
+def dispatch(request: Request, config: SchedulerConfig, *, slot_busy: bool,
+             backlog_has_room: bool, num_siblings: int) -> Route:
+    if not is_eligible(request, config):
+        return Route.CLASSIC
+    if slot_busy:
+        may_wait = config.grant_rounds > 0 and backlog_has_room and config.enable_b1
+        return Route.WAITER if may_wait else Route.CLASSIC
+    if config.enable_batch and num_siblings > 0:
+        return Route.WINDOW
+    return Route.SPEC_B1 if config.enable_b1 else Route.CLASSIC

@@ -1,0 +1,108 @@
+"""The worker loop: drain arrivals -> decide -> run the backend -> commit -> publish events.
+
+`run` drives a fixed list of arrivals to completion (virtual or real clock);
+`serve_forever` is the real-time worker a server thread runs, fed by `submit`
+and `cancel` from other threads through an inbox.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from .core.observability import TickRecord
+from .core.policy import ActionKind
+from .core.request import Request
+from .core.scheduler import Scheduler, TokenEvent
+
+
+@dataclass
+class RunResult:
+    ticks: list[TickRecord] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, clock, on_event: Callable[[TokenEvent], None] | None = None,
+                 on_tick: Callable[[TickRecord], None] | None = None) -> None:
+        self.scheduler = scheduler
+        self.clock = clock
+        self.on_event = on_event
+        self.on_tick = on_tick
+        self._inbox: queue.Queue = queue.Queue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    def step(self) -> tuple[TickRecord, list[TokenEvent]]:
+        """One tick: exactly one action, timed by the injected clock."""
+        action = self.scheduler.schedule()
+        start = self.clock.now()
+        executed = self.scheduler.execute(action)
+        end = self.clock.now()
+        record, events = self.scheduler.commit(executed, start, end)
+        for event in events:
+            if self.on_event:
+                self.on_event(event)
+        if self.on_tick:
+            self.on_tick(record)
+        return record, events
+
+    def run(self, arrivals: Iterable[Request]) -> RunResult:
+        """Submit each request at its arrival_ms and tick until every one has finished."""
+        pending = sorted(arrivals, key=lambda r: r.arrival_ms)
+        result = RunResult()
+        while pending or self.scheduler.has_work:
+            now = self.clock.now()
+            while pending and pending[0].arrival_ms <= now:
+                self.scheduler.submit(pending.pop(0))
+            if self.scheduler.is_idle:
+                if not pending:
+                    break
+                self.clock.advance_to(pending[0].arrival_ms)
+                result.ticks.append(TickRecord(now, self.clock.now(), ActionKind.IDLE.value, ()))
+                continue
+            record, events = self.step()
+            result.ticks.append(record)
+            result.events.extend(events)
+        return result
+
+    # -- real-time worker (server) -------------------------------------------
+    def submit(self, request: Request) -> None:
+        self._inbox.put(("submit", request))
+        self._wake.set()
+
+    def cancel(self, seq_id: str) -> None:
+        self._inbox.put(("cancel", seq_id))
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def serve_forever(self, on_error: Callable[[Request, Exception], None] | None = None) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox(on_error)
+            if self.scheduler.is_idle:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            self.step()
+
+    def _drain_inbox(self, on_error) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "cancel":
+                self.scheduler.cancel(item)
+                continue
+            item.arrival_ms = self.clock.now()
+            try:
+                self.scheduler.submit(item)
+            except ValueError as exc:
+                if on_error:
+                    on_error(item, exc)
+

@@ -1,0 +1,122 @@
+"""The mock backend: the ModelBackend protocol over MockTarget and MockDrafter.
+
+Each call charges its cost (CostModel) to the injected clock: a ManualClock in
+virtual time advances exactly, a RealClock sleeps.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from coopsched.core.request import SamplingParams
+
+from .cost import CostModel
+from .model import MockDrafter, MockTarget, context_hash, extend_hash
+from .tokenizer import ByteTokenizer
+
+
+class ChargeableClock(Protocol):
+    def sleep(self, ms: float) -> None: ...
+
+
+@dataclass(slots=True)
+class _Sequence:
+    prompt_len: int
+    params: SamplingParams
+    tokens: list[int]                 # what the target cache holds
+    hashes: list[int] = field(default_factory=list)  # hashes[i] = hash of tokens[:i + 1]
+    rounds: int = 0
+
+
+class MockBackend:
+    def __init__(self, clock: ChargeableClock, cost: CostModel | None = None,
+                 target: MockTarget | None = None, drafter: MockDrafter | None = None,
+                 tokenizer: ByteTokenizer | None = None) -> None:
+        self.clock = clock
+        self.cost = cost or CostModel()
+        self.target = target or MockTarget()
+        self.drafter = drafter or MockDrafter()
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.eos_token_id = self.target.eos_token_id
+        self._seqs: dict[str, _Sequence] = {}
+        self._rng = random.Random(self.cost.seed)
+
+    @property
+    def num_live(self) -> int:
+        return len(self._seqs)
+
+    def _charge(self, ms: float) -> None:
+        self.clock.sleep(self.cost.jittered(self._rng, ms))
+
+    def _push(self, seq: _Sequence, token: int) -> None:
+        seq.tokens.append(token)
+        seq.hashes.append(extend_hash(seq.hashes[-1], token))
+
+    def _next(self, seq: _Sequence, context: Sequence[int], h: int) -> int:
+        return self.target.next_token(context, h, seq.prompt_len, seq.params.temperature,
+                                      seq.params.seed)
+
+    def _target_after(self, seq: _Sequence) -> int:
+        return self._next(seq, seq.tokens, seq.hashes[-1])
+
+    # -- ModelBackend ---------------------------------------------------------
+    def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
+                with_draft: bool) -> int:
+        seq = _Sequence(len(prompt), params, list(prompt))
+        seq.hashes = [context_hash(prompt)]
+        self._seqs[seq_id] = seq
+        self._charge(self.cost.prefill(len(prompt), with_draft))
+        return self._target_after(seq)
+
+    def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
+        self._charge(self.cost.decode(len(rows)))
+        out = []
+        for seq_id, last in rows:
+            seq = self._seqs[seq_id]
+            self._push(seq, last)
+            out.append(self._target_after(seq))
+        return out
+
+    def draft(self, rows: Sequence[tuple[str, int]], num_tokens: int) -> list[list[int]]:
+        self._charge(self.cost.draft(num_tokens))
+        out = []
+        for seq_id, last in rows:
+            seq = self._seqs[seq_id]
+            matching = self.drafter.num_matching(seq_id, seq.rounds, num_tokens)
+            seq.rounds += 1
+            context, h, proposals = seq.tokens + [last], extend_hash(seq.hashes[-1], last), []
+            for i in range(num_tokens):
+                target = self._next(seq, context, h)
+                token = target if i < matching else self.drafter.miss(target)
+                proposals.append(token)
+                context.append(token)
+                h = extend_hash(h, token)
+            out.append(proposals)
+        return out
+
+    def verify(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
+        self._charge(self.cost.verify(sum(len(d) + 1 for _, _, d in rows)))
+        out = []
+        for seq_id, last, drafts in rows:
+            seq = self._seqs[seq_id]
+            targets = []
+            for token in [last, *drafts]:
+                self._push(seq, token)
+                targets.append(self._target_after(seq))
+            out.append(targets)
+        return out
+
+    def rewind(self, seq_id: str, num_tokens: int) -> None:
+        seq = self._seqs[seq_id]
+        if num_tokens:
+            del seq.tokens[-num_tokens:]
+            del seq.hashes[-num_tokens:]
+
+    def release(self, seq_id: str) -> None:
+        self._seqs.pop(seq_id, None)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(token_ids)
