@@ -1,0 +1,50 @@
+"""The `coopsched` command: run, serve, model build, calibrate, report, simulate.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and
+`main(args) -> int`; modules are imported only when their command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> (module, help)
+COMMANDS = {
+    "run": ("harness.cli_run", "run scenarios and check their bounds"),
+    "serve": ("coopsched.server.cli", "OpenAI-compatible streaming server with /metrics"),
+    "model": ("coopsched.backends.model_build", "build tiny seeded MLX models offline"),
+    "calibrate": ("coopsched.backends.calibrate", "measure MLX costs into a mock cost profile"),
+    "report": ("harness.report", "HTML/PNG report and benchmark trends"),
+    "simulate": ("harness.simulate", "seeded deterministic simulation with faults"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coopsched", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if a in COMMANDS), None)
+    for name, (module, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text)
+        if name == wanted:  # import only the command being run
+            importlib.import_module(module).add_arguments(command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.main(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
