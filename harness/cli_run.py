@@ -1,0 +1,100 @@
+"""`coopsched run`: scenarios x modes, a table of checks, the trace JSON, exit 0 iff all hold."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from coopsched.env import GateError
+
+from . import runner, scenario
+
+RUN_MODES = ("burst", "slice")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"scenarios to run (default: all of {', '.join(scenario.available())})")
+    parser.add_argument("--mode", choices=(*RUN_MODES, "all"),
+                        help="scheduler mode; wins over MLXCEL_MTP_TICK_SLICE (default: the gates decide)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the trace JSON here")
+    parser.add_argument("--seed", type=int, default=0, help="seed for prompts, acceptance and jitter (default 0)")
+    parser.add_argument("--backend", choices=("mock", "mlx"), default="mock")
+    parser.add_argument("--model", type=Path, metavar="DIR", help="MLX target model (default: tiny, built once)")
+    parser.add_argument("--draft-model", type=Path, metavar="DIR", help="MLX draft model")
+    parser.add_argument("--cost", type=Path, metavar="PROFILE.json", help="mock cost profile (coopsched calibrate)")
+    parser.add_argument("--target", metavar="URL", help="run against an OpenAI-compatible server over HTTP")
+
+
+def modes_for(args: argparse.Namespace, bare: bool) -> list[str | None]:
+    if args.mode == "all" or (bare and args.mode is None):
+        return list(RUN_MODES)
+    return [args.mode]  # None: the gates decide
+
+
+def backend_factory(args: argparse.Namespace):
+    if args.backend == "mlx":
+        from coopsched.backends.mlx_backend import scenario_backend_factory
+        return scenario_backend_factory(args.model, args.draft_model)
+    if args.cost is not None:
+        from mocks import CostModel
+        profile = CostModel.load(args.cost)
+
+        def with_profile(clock, scen, seed):
+            backend = runner.mock_backend(clock, scen, seed)
+            backend.cost = runner.scenario_cost(scen, seed, profile)
+            return backend
+        return with_profile
+    return runner.mock_backend
+
+
+def print_table(console: Console, traces: list[dict]) -> None:
+    table = Table(title="coopsched run", show_lines=False)
+    for col in ("scenario", "mode", "check", "value", "bound", "ok"):
+        table.add_column(col, justify="right" if col in ("value", "bound") else "left")
+    for trace in traces:
+        for c in trace["checks"]:
+            fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+            expect = "" if c["expect"] == "pass" else " (must fail)"
+            verdict = "skipped" if c.get("skipped") else ("[green]ok[/]" if c["ok"] else "[red]FAIL[/]")
+            table.add_row(trace["scenario"], trace["mode"], c["name"] + expect, fmt(c["value"]),
+                          fmt(c["bound"]), verdict)
+    console.print(table)
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console()
+    bare = not args.names and args.mode is None and args.json is None
+    names = args.names or scenario.available()
+    try:
+        scenarios = [scenario.load(n) for n in names]
+        if args.target:
+            from .http_target import run_against_target
+            traces = [run_against_target(s, args.target, args.seed, console) for s in scenarios]
+        else:
+            factory = backend_factory(args)
+            clock = runner.RealClock if args.backend == "mlx" else runner.ManualClock
+            traces = [runner.run_scenario(s, m, args.seed, backend_factory=factory, clock_factory=clock)
+                      for s in scenarios for m in modes_for(args, bare)]
+    except (GateError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    print_table(console, traces)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(runner.dumps(traces))
+    failed = [f"{t['scenario']}/{t['mode']}/{c['name']}" for t in traces for c in t["checks"] if not c["ok"]]
+    if failed:
+        console.print(f"[red]{len(failed)} expectation(s) failed:[/] {', '.join(failed)}")
+        return 1
+    total = sum(len(t["checks"]) for t in traces)
+    console.print(f"[green]all {total} expectations hold[/] across {len(traces)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(argparse.Namespace()))

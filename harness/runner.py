@@ -1,0 +1,134 @@
+"""Run one scenario in one mode and turn it into the trace JSON of CONTRACTS.md.
+
+`execute` runs the engine (virtual clock and mock by default, or any backend
+factory with a real clock) and records every token's visibility time;
+`run_scenario` adds the reference runs the checks need (speculation forced
+off for parity, the legacy burst for the burst_wall ratio) and the checks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from coopsched.clock import ManualClock, RealClock
+from coopsched.core import Request, Scheduler, SchedulerConfig, TickRecord
+from coopsched.engine import Engine
+from coopsched.env import Gates
+from mocks import CostModel, MockBackend, MockDrafter, MockTarget
+
+from . import metrics
+from .scenario import Scenario
+
+BackendFactory = Callable[[object, Scenario, int], object]  # (clock, scenario, seed) -> backend
+
+
+@dataclass
+class Run:
+    scenario: Scenario
+    config: SchedulerConfig
+    cost: CostModel | None
+    clock_kind: str
+    requests: list[Request]
+    token_times: dict[str, list[float]]
+    ticks: list[TickRecord]
+    scheduler: Scheduler
+    backend: object
+    extra: dict = field(default_factory=dict)
+
+    def by_id(self, seq_id: str) -> Request:
+        return next(r for r in self.requests if r.id == seq_id)
+
+
+def mock_backend(clock, scenario: Scenario, seed: int) -> MockBackend:
+    mock = scenario.mock
+    scripts = {r.id: list(r.accept_script) for r in scenario.requests if r.accept_script}
+    target = MockTarget(eos_rate=mock.get("eos_rate", 0.0))
+    drafter = MockDrafter(mock.get("accept_prob", 0.7), seed=seed, scripts=scripts)
+    return MockBackend(clock, scenario_cost(scenario, seed), target, drafter)
+
+
+def scenario_cost(scenario: Scenario, seed: int, profile: CostModel | None = None) -> CostModel:
+    base = profile.to_json() if profile else {}
+    return CostModel(**{**base, **scenario.cost, "seed": seed})
+
+
+def scenario_config(scenario: Scenario, mode: str | None) -> SchedulerConfig:
+    """Gates (environment over the scenario's defaults), then the scenario's knobs, then --mode."""
+    overrides = dict(scenario.scheduler)
+    if mode is not None:
+        overrides["mode"] = mode
+    return Gates.from_env(scenario.gates).scheduler_config(**overrides)
+
+
+def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
+            speculative: bool | None = None, backend_factory: BackendFactory = mock_backend,
+            clock=None) -> Run:
+    clock = clock or ManualClock()
+    backend = backend_factory(clock, scenario, seed)
+    scheduler = Scheduler(config, backend)
+    requests = scenario.build_requests(seed, speculative)
+    token_times: dict[str, list[float]] = {r.id: [] for r in requests}
+
+    def record(event) -> None:
+        token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
+
+    result = Engine(scheduler, clock, on_event=record).run(requests)
+    return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
+               token_times, result.ticks, scheduler, backend)
+
+
+def _ms(x: float) -> float:
+    return round(x, 6)
+
+
+def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
+    requests = []
+    for r in run.requests:
+        times = run.token_times[r.id]
+        requests.append({
+            "id": r.id, "speculative": r.served_speculatively,
+            "prompt_token_ids": list(r.prompt_token_ids), "token_ids": list(r.output_token_ids),
+            "token_times_ms": [_ms(t) for t in times], "arrival_ms": _ms(r.arrival_ms),
+            "finish_reason": r.finish_reason.value if r.finish_reason else None,
+            "metrics": {k: (_ms(v) if isinstance(v, float) else v)
+                        for k, v in metrics.request_metrics(r.arrival_ms, times).items()},
+        })
+    obs = run.scheduler.obs
+    return {
+        "scenario": run.scenario.name, "mode": run.config.mode, "clock": run.clock_kind, "seed": seed,
+        "requests": requests,
+        "ticks": [{**t.to_json(), "start_ms": _ms(t.start_ms), "end_ms": _ms(t.end_ms)} for t in run.ticks],
+        "bursts": [{k: (_ms(v) if isinstance(v, float) else v) for k, v in b.to_json().items()}
+                   for b in obs.bursts],
+        "checks": checks,
+        "observability": {
+            "rounds": obs.rounds, "drafted_tokens": obs.drafted_tokens,
+            "accepted_tokens": obs.accepted_tokens, "slices": obs.slices,
+            "hol_waiters_max": obs.hol_waiters_max, "waiter_parks": obs.waiter_parks,
+            "hol_wait_ms": metrics.percentiles(obs.hol_wait_ms), "grant_log": list(obs.grant_log),
+        },
+        "throughput": metrics.throughput(requests),
+        **run.extra,
+    }
+
+
+def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
+                 backend_factory: BackendFactory = mock_backend, clock_factory=ManualClock) -> dict:
+    """The trace of one scenario x mode, with its checks evaluated."""
+    from .checks import evaluate
+
+    config = scenario_config(scenario, mode)
+    run = execute(scenario, config, seed, backend_factory=backend_factory, clock=clock_factory())
+    classic = execute(scenario, config, seed, speculative=False, backend_factory=backend_factory,
+                      clock=clock_factory())
+    burst = None
+    if config.mode != "burst":
+        burst = execute(scenario, config.with_(mode="burst"), seed, backend_factory=backend_factory,
+                        clock=clock_factory())
+    return to_trace(run, evaluate(run, classic=classic, burst=burst), seed)
+
+
+def dumps(traces: list[dict]) -> str:
+    return json.dumps(traces, indent=1) + "\n"
