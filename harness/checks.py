@@ -72,7 +72,7 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
 
     Classic admissions inside a gap (other rows' prefills) are classic work and add their cost.
     """
-    expect = "fail" if run.config.mode == "burst" else "pass"
+    expect = "pass" if run.config.is_sliced else "fail"
     base = terms.decode_ms + spec_actions_per_gap * terms.spec_action_ms
     worst = None
     for r in run.requests:
@@ -95,7 +95,7 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
 
 def evaluate(run, *, classic, burst) -> list[dict]:
     wanted = run.scenario.checks
-    mode = run.config.mode
+    legacy = not run.config.is_sliced  # burst mode, or a drafter kind that is never sliced
     spec = [r for r in run.requests if r.served_speculatively]
     bursts = {b.seq_id: b for b in run.scheduler.obs.bursts}
     terms = terms_of(run)
@@ -106,7 +106,7 @@ def evaluate(run, *, classic, burst) -> list[dict]:
         per_gap = wanted["classic_itl"].get("spec_actions_per_gap", 1)
         out.append(classic_gap_check(run, terms, per_gap) if spec else
                    check("classic_itl", None, None, None, note=skip))
-        if mode == "burst" and spec:
+        if legacy and spec:
             stall = max((max((b - a for a, b in zip(t, t[1:])), default=0.0)
                          for rid, t in run.token_times.items() if not run.by_id(rid).served_speculatively),
                         default=0.0)
@@ -117,7 +117,7 @@ def evaluate(run, *, classic, burst) -> list[dict]:
     if "burst_wall" in wanted:
         if not spec:
             out.append(check("burst_wall", None, None, None, note=skip))
-        elif mode == "burst":
+        elif legacy:
             whole = all(abs(b.burst_wall_ms - b.burst_active_ms) < EPS_MS and b.slices == 1
                         for b in bursts.values())
             worst = max(bursts.values(), key=lambda b: b.burst_wall_ms)
@@ -139,7 +139,7 @@ def evaluate(run, *, classic, burst) -> list[dict]:
             out.append(check("spec_streaming", None, None, None, note=skip))
         else:
             lumps = {r.id: len(set(run.token_times[r.id])) for r in spec}
-            if mode == "burst":
+            if legacy:
                 out.append(check("spec_streaming", max(lumps.values()) == 1, max(lumps.values()), 1,
                                  note="legacy: every token visible at once"))
             else:
@@ -151,7 +151,7 @@ def evaluate(run, *, classic, burst) -> list[dict]:
     if "rotation" in wanted:
         obs = run.scheduler.obs
         grants = [g for g in obs.grant_log if ":" not in g]
-        if mode == "burst" or not spec:
+        if legacy or not spec:
             out.append(check("rotation", None, None, None, note="no rotation in a legacy burst"))
         else:
             out.append(check("rotation", len(grants) >= 3 and obs.waiter_parks >= 1, len(grants), 3,

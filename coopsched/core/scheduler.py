@@ -123,7 +123,7 @@ class Scheduler:
         elif done.action is not ActionKind.IDLE:
             self._flush_hol_waits()
         emissions, self._reaped = self._reaped + done.emissions, []
-        events = [TokenEvent(e.seq_id, e.token_ids, end_ms, e.finish_reason) for e in emissions
+        events = [TokenEvent(e.seq_id, e.token_ids, end_ms, e.finish_reason) for e in _merge(emissions)
                   if e.token_ids or e.finish_reason is not None]
         for emission in emissions:
             if emission.finish_reason is not None:
@@ -259,6 +259,16 @@ class Scheduler:
         if job is not None and job.is_begun:
             record = BurstFinalized.of(request.id, job.stats[request.id], len(request.output_token_ids))
             self.obs.bursts.append(record)
+
+
+def _merge(emissions: list[Emission]) -> list[Emission]:
+    """One emission per request per tick: a legacy burst streams as one lump."""
+    merged: dict[str, Emission] = {}
+    for e in emissions:
+        prev = merged.get(e.seq_id)
+        merged[e.seq_id] = e if prev is None else Emission(e.seq_id, prev.token_ids + e.token_ids,
+                                                             e.finish_reason or prev.finish_reason)
+    return list(merged.values())
 
 
 def _totals(job: SpecJob) -> tuple[int, int, int]:

@@ -1,0 +1,36 @@
+"""Factories with small defaults: a test overrides only the knob it is about."""
+
+from __future__ import annotations
+
+from coopsched.clock import ManualClock
+from coopsched.core import Request, Scheduler, SchedulerConfig
+from coopsched.engine import Engine
+from mocks import CostModel, MockBackend, MockDrafter, MockTarget
+
+
+def make_backend(clock=None, *, cost: CostModel | None = None, accept_prob: float = 0.7,
+                 scripts: dict | None = None, target: MockTarget | None = None, seed: int = 0) -> MockBackend:
+    return MockBackend(clock or ManualClock(), cost or CostModel(), target or MockTarget(),
+                       MockDrafter(accept_prob, seed=seed, scripts=scripts))
+
+
+def make_scheduler(backend=None, **overrides) -> Scheduler:
+    return Scheduler(SchedulerConfig(**overrides), backend or make_backend())
+
+
+def make_requests(n: int, prompt_len: int = 8, max_tokens: int = 16, prefix: str = "r", **kwargs) -> list[Request]:
+    return [Request(f"{prefix}{i}", tuple(65 + (i + j) % 26 for j in range(prompt_len)), max_tokens, **kwargs)
+            for i in range(n)]
+
+
+def run(scheduler: Scheduler, requests, clock=None):
+    """Run to completion on the scheduler's backend clock; returns the engine's RunResult."""
+    clock = clock or scheduler.backend.clock
+    return Engine(scheduler, clock).run(requests)
+
+
+def token_times(result) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {}
+    for event in result.events:
+        times.setdefault(event.seq_id, []).extend([event.time_ms] * len(event.token_ids))
+    return times
