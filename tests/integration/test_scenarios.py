@@ -5,7 +5,6 @@ import json
 import pytest
 
 from coopsched.cli import main as cli
-from coopsched.core import SchedulerConfig
 from harness import runner, scenario
 from harness.cli_run import RUN_MODES
 
@@ -41,11 +40,19 @@ def test_concurrency2_slice_bound_is_exact_and_burst_breaks_it():
     assert check["holds"] is False and check["ok"] is True and check["expect"] == "fail"
 
 
-def test_slice_check_fails_when_the_scheduler_regresses_to_a_burst(monkeypatch):
-    monkeypatch.setattr(SchedulerConfig, "is_sliced", property(lambda self: False))
+def test_slice_checks_fail_when_the_scheduler_regresses_to_a_burst(monkeypatch):
+    from coopsched.core import Scheduler
+    monkeypatch.setattr(runner, "Scheduler", lambda config, backend: Scheduler(config.with_(mode="burst"), backend))
     checks = checks_of(runner.run_scenario(scenario.load("concurrency2"), "slice"))
     assert not checks["classic_itl"]["ok"] and not checks["burst_wall"]["ok"]
     assert not checks["spec_streaming"]["ok"]
+
+
+def test_slice_check_fails_when_the_yield_flag_is_never_set(monkeypatch):
+    from coopsched.core import scheduler
+    monkeypatch.setattr(scheduler, "next_yield_flag", lambda flag, action: False)
+    checks = checks_of(runner.run_scenario(scenario.load("concurrency2"), "slice"))
+    assert not checks["classic_itl"]["ok"]
 
 
 def test_burst_wall_slice_vs_legacy():
