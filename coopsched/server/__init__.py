@@ -1,0 +1,1 @@
+"""The OpenAI-compatible streaming server: `create_app(host)` over one real-time engine thread."""

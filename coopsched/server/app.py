@@ -1,0 +1,208 @@
+"""The FastAPI app: parse, submit, stream. Thin by design: the scheduler lives in the engine thread.
+
+`create_app(host)` serves one EngineHost: OpenAI completions and chat (SSE, one
+event per token), /v1/models, /health (with the mock's cost terms) and /metrics.
+A client that disconnects cancels its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from coopsched.core.request import RequestError
+
+from . import protocol
+from .protocol import ApiError, CompletionParams, Envelope
+from .runtime import Delivery, EngineHost, Live, QueueFull
+from .stream import TextStream
+
+MAX_BODY_BYTES = 1 << 20
+
+
+def create_app(host: EngineHost) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        host.start()
+        try:
+            yield
+        finally:
+            host.stop()
+
+    app = FastAPI(title="coopsched", lifespan=lifespan)
+    app.state.host = host
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+        return JSONResponse(error.body(), status_code=exc.status_code)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _complete(host, request, is_chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _complete(host, request, is_chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        model = host.model
+        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": 0,
+                                            "owned_by": "coopsched"}]}
+
+    @app.get("/health")
+    async def health():
+        body = {"status": "ok" if host.is_healthy else "failed", "model": host.model.name,
+                "mode": host.config.mode, "block_size": host.config.block_size,
+                "context_tokens": host.config.slot_tokens, "max_queue": host.max_queue,
+                "costs": host.model.costs}
+        if host.failure is not None:
+            body["error"] = repr(host.failure)
+        return JSONResponse(body, status_code=200 if host.is_healthy else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(host.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is {declared} bytes; the limit is {MAX_BODY_BYTES}",
+                       code="request_too_large")
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}",
+                       code="request_too_large")
+    return body
+
+
+async def _complete(host: EngineHost, request: Request, *, is_chat: bool):
+    model = host.model
+    body = protocol.parse_json(await _read_body(request))
+    params = protocol.parse_request(body, is_chat=is_chat, encode=model.encode, encode_chat=model.encode_chat,
+                                    vocab_size=model.vocab_size, context_tokens=host.config.slot_tokens)
+    if params.model is not None and not model.answers_to(params.model):
+        raise ApiError(404, f"the model {params.model!r} does not exist; this server serves {model.name!r}",
+                       param="model", code="model_not_found")
+    if not host.is_healthy:
+        raise ApiError(503, f"the engine has stopped: {host.failure!r}", code="engine_failed")
+    seq_id = host.new_id("chatcmpl" if is_chat else "cmpl")
+    try:
+        live = host.submit(seq_id, params.prompt_token_ids, params.max_tokens, params.temperature,
+                           params.seed, params.stop, params.speculative)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), code="queue_full") from exc
+    except RequestError as exc:
+        raise ApiError(400, str(exc), code="invalid_value") from exc
+    envelope = Envelope(seq_id, model.name, is_chat)
+    if params.stream:
+        return StreamingResponse(_stream(host, live, params, envelope), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _respond(host, request, live, params, envelope)
+
+
+def _error_of(delivery: Delivery) -> ApiError:
+    exc = delivery.error
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestError):
+        return ApiError(400, str(exc), code="invalid_value")
+    return ApiError(500, f"the engine failed: {exc!r}", code="engine_failed")
+
+
+def _extension(delivery: Delivery) -> dict:
+    """Non-standard, namespaced: how the request was served and its BurstFinalized record."""
+    return {"coopsched": {"served_speculatively": delivery.served_speculatively, "burst": delivery.burst}}
+
+
+async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelope: Envelope):
+    """SSE: one event per token (a round's tokens in one write), finish_reason on the last, [DONE]."""
+    text = TextStream(host.model.detokenize, params.stop)
+    with_ids = params.return_token_ids
+    usage_field = {"usage": None} if params.include_usage else {}
+    num_tokens, is_first, is_done = 0, True, False
+    try:
+        while not is_done:
+            delivery: Delivery = await live.queue.get()
+            if delivery.error is not None:
+                yield protocol.sse(_error_of(delivery).body()) + protocol.sse("[DONE]")
+                is_done = True
+                break
+            reason = delivery.finish_reason
+            deltas = text.push(delivery.token_ids)
+            tail = text.finish(reason) if reason is not None else ""
+            events = []
+            for i, (token, delta) in enumerate(zip(delivery.token_ids, deltas)):
+                is_last = reason is not None and i == len(deltas) - 1
+                choice = envelope.token_choice(delta + (tail if is_last else ""), [token] if with_ids else None,
+                                               reason if is_last else None, is_first)
+                extra = _extension(delivery) if is_last else {}
+                events.append(protocol.sse(envelope.chunk(choice, **usage_field, **extra)))
+                is_first = False
+            num_tokens += len(delivery.token_ids)
+            if reason is not None:
+                if not delivery.token_ids:  # EOS or cancel: a final event of its own
+                    choice = envelope.token_choice(tail, [] if with_ids else None, reason, is_first)
+                    events.append(protocol.sse(envelope.chunk(choice, **usage_field, **_extension(delivery))))
+                if params.include_usage:
+                    events.append(protocol.sse(envelope.chunk(
+                        None, usage=protocol.usage(len(params.prompt_token_ids), num_tokens))))
+                events.append(protocol.sse("[DONE]"))
+                is_done = True
+            yield "".join(events)
+    finally:
+        if not is_done:  # the client disconnected (or the server is stopping)
+            host.cancel(live.request.id)
+
+
+async def _respond(host: EngineHost, request: Request, live: Live, params: CompletionParams,
+                   envelope: Envelope):
+    collector = asyncio.ensure_future(_collect(live))
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not collector.done():
+            collector.cancel()
+            host.cancel(live.request.id)
+    if not collector.done() or collector.cancelled():
+        return Response(status_code=499)  # nobody is listening
+    token_ids, last = collector.result()
+    if last.error is not None:
+        raise _error_of(last)
+    text = TextStream(host.model.detokenize, params.stop)
+    text.push(token_ids)
+    text.finish(last.finish_reason)
+    with_ids = params.return_token_ids
+    return envelope.final(text.text, last.finish_reason,
+                          protocol.usage(len(params.prompt_token_ids), len(token_ids)),
+                          token_ids if with_ids else None,
+                          params.prompt_token_ids if with_ids else None, **_extension(last))
+
+
+async def _collect(live: Live) -> tuple[list[int], Delivery]:
+    token_ids: list[int] = []
+    while True:
+        delivery: Delivery = await live.queue.get()
+        token_ids += delivery.token_ids
+        if delivery.error is not None or delivery.finish_reason is not None:
+            return token_ids, delivery
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,103 @@
+"""`coopsched serve`: the OpenAI-compatible streaming server (FastAPI + uvicorn) on one engine thread.
+
+The mock pays its cost by sleeping precisely (RealClock); the MLXCEL_* gates
+decide the scheduler mode as DESIGN.md section 4 says (`--mode` wins over them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from pathlib import Path
+
+from coopsched.core.config import MODES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("mock", "mlx"), default="mock")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    parser.add_argument("--model", type=Path, metavar="DIR", help="MLX target model directory")
+    parser.add_argument("--draft-model", type=Path, metavar="DIR", help="MLX draft model directory")
+    parser.add_argument("--decode-ms", type=float, default=5.0, help="mock: one decode step (default 5)")
+    parser.add_argument("--round-ms", type=float, default=30.0,
+                        help="mock: one speculative round of K (default 30)")
+    parser.add_argument("--prefill-ms-per-token", type=float, default=0.2,
+                        help="mock: prefill cost per prompt token (default 0.2)")
+    parser.add_argument("--cost", type=Path, metavar="PROFILE.json",
+                        help="mock: a cost profile (coopsched calibrate); wins over the three knobs above")
+    parser.add_argument("--accept-prob", type=float, default=0.7,
+                        help="mock: the drafter's per-token acceptance probability (default 0.7)")
+    parser.add_argument("--max-context", type=int, default=4096,
+                        help="tokens a KV slot holds: prompt + max_tokens must fit (default 4096)")
+    parser.add_argument("--max-queue", type=int, default=256,
+                        help="requests that may wait for their first token before 429 (default 256)")
+    parser.add_argument("--max-batch-size", type=int, default=8, help="classic decode rows (default 8)")
+    parser.add_argument("--num-slots", type=int, default=32, help="KV slots (default 32)")
+    parser.add_argument("--mode", choices=MODES, help="scheduler mode; wins over MLXCEL_MTP_TICK_SLICE")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def build_host(args: argparse.Namespace):
+    """The EngineHost these arguments describe (gates from the environment, then the flags)."""
+    from coopsched.clock import RealClock
+    from coopsched.env import Gates
+
+    from .models import mlx_model, mock_model
+    from .runtime import EngineHost
+
+    gates = Gates.from_env()
+    for warning in gates.warnings:
+        logging.getLogger("coopsched.server").warning(warning)
+    overrides = dict(slot_tokens=args.max_context, max_batch_size=args.max_batch_size,
+                     num_kv_slots=args.num_slots)
+    if args.mode:
+        overrides["mode"] = args.mode
+    if args.backend == "mlx" and args.draft_model is None:
+        overrides["has_drafter"] = False
+    config = gates.scheduler_config(**overrides)
+    clock = RealClock()
+    if args.backend == "mlx":
+        model = mlx_model(clock, args.model, args.draft_model)
+    else:
+        from mocks import CostModel
+        cost = CostModel.load(args.cost) if args.cost else CostModel.simple(
+            args.decode_ms, args.round_ms, args.prefill_ms_per_token, config.block_size)
+        model = mock_model(clock, cost, config.block_size, args.accept_prob)
+    return EngineHost(model, config, clock, max_queue=args.max_queue)
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from coopsched.env import GateError
+
+    from .app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(message)s", stream=sys.stderr)
+    for name in ("max_context", "max_queue", "max_batch_size", "num_slots"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name.replace('_', '-')}={getattr(args, name)} must be >= 1", file=sys.stderr)
+            return 2
+    try:
+        host = build_host(args)
+    except (GateError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # bind first so --port 0 works and the real port is printed before the first request
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
+    config = host.config
+    print(f"coopsched serve: {host.model.name} listening on http://{args.host}:{port} mode={config.mode} "
+          f"K={config.block_size} context={config.slot_tokens}", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(create_app(host), log_level="warning", access_log=False))
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,96 @@
+"""Prometheus metrics for `/metrics`: the scheduler's BatchObservability, promoted.
+
+Counters follow the scheduler's live counters by delta; HOL waits and
+BurstFinalized records are drained from its lists (the server is their only
+consumer, so a long-running server does not grow them); TTFT and ITL come from
+token event times. Every update runs on the engine worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from coopsched.core.observability import BurstFinalized
+
+# seconds; the first bucket is 1 ms so sub-round gaps stay visible
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_KINDS = ("classic", "spec")
+burst_log = logging.getLogger("coopsched.burst")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.spec_rounds = Counter("coopsched_spec_rounds_total", "Speculative rounds executed",
+                                   registry=registry)
+        self.spec_draft_tokens = Counter("coopsched_spec_draft_tokens_total", "Draft tokens proposed",
+                                         registry=registry)
+        self.spec_accepted_tokens = Counter("coopsched_spec_accepted_tokens_total",
+                                            "Draft tokens accepted by the target", registry=registry)
+        self.spec_slices = Counter("coopsched_spec_slices_total",
+                                   "Ticks in which a speculative job did model work (slice 0 included)",
+                                   registry=registry)
+        self.burst_wall = Histogram("coopsched_burst_wall_seconds",
+                                    "Longest single tick each speculative request occupied (its HOL stall)",
+                                    buckets=LATENCY_BUCKETS, registry=registry)
+        self.hol_wait = Histogram("coopsched_hol_wait_seconds",
+                                  "Time a classic row with pending work waited on speculative actions",
+                                  buckets=LATENCY_BUCKETS, registry=registry)
+        self.hol_waiters_max = Gauge("coopsched_hol_waiters_max",
+                                     "Most classic rows and queued requests waiting on one speculative tick",
+                                     registry=registry)
+        self.ttft = Histogram("coopsched_time_to_first_token_seconds",
+                              "Request received -> first token visible", buckets=LATENCY_BUCKETS,
+                              registry=registry)
+        self.itl = Histogram("coopsched_inter_token_latency_seconds",
+                             "Gap between consecutive tokens of one request (0 within one round)",
+                             ["kind"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.running = Gauge("coopsched_requests_running",
+                             "Requests generating: classic batch rows and active speculative rows",
+                             registry=registry)
+        self.waiting = Gauge("coopsched_requests_waiting",
+                             "Requests waiting: prefill queue and speculative backlog", registry=registry)
+        self.kv_slots = Gauge("coopsched_kv_slots_in_use", "KV slots held", registry=registry)
+        for kind in ITL_KINDS:  # export both series from the start
+            self.itl.labels(kind=kind)
+        self._seen = (0, 0, 0, 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe_tokens(self, kind: str, ttft_ms: float | None, gaps_ms: list[float]) -> None:
+        if ttft_ms is not None:
+            self.ttft.observe(max(ttft_ms, 0.0) / 1e3)
+        series = self.itl.labels(kind=kind)
+        for gap in gaps_ms:
+            series.observe(gap / 1e3)
+
+    def sync(self, scheduler) -> list[BurstFinalized]:
+        """Catch up with the scheduler's books; returns the BurstFinalized records new since last time."""
+        obs = scheduler.obs
+        now = (obs.rounds, obs.drafted_tokens, obs.accepted_tokens, obs.slices)
+        for counter, new, old in zip((self.spec_rounds, self.spec_draft_tokens, self.spec_accepted_tokens,
+                                      self.spec_slices), now, self._seen):
+            if new > old:
+                counter.inc(new - old)
+        self._seen = now
+        for wait in obs.hol_wait_ms:
+            self.hol_wait.observe(wait / 1e3)
+        obs.hol_wait_ms.clear()
+        self.hol_waiters_max.set(obs.hol_waiters_max)
+        bursts = list(obs.bursts)
+        obs.bursts.clear()
+        for record in bursts:
+            self.burst_wall.observe(record.burst_wall_ms / 1e3)
+            burst_log.info(json.dumps({"event": "BurstFinalized", **record.to_json()}))
+        if len(obs.grant_log) > 1000:
+            del obs.grant_log[:-100]
+        job_rows = len(scheduler.job.live_rows) if scheduler.job is not None else 0
+        self.running.set(len(scheduler.running) + job_rows)
+        self.waiting.set(len(scheduler.queue) + sum(len(j.rows) for j in scheduler.backlog))
+        self.kv_slots.set(scheduler.kv.num_in_use)
+        return bursts

@@ -1,0 +1,247 @@
+"""The OpenAI wire format: request validation into `CompletionParams`, errors, response bodies.
+
+Validation is by hand so every refusal names its field (`param`) and a stable
+`code`; the HTTP status comes with the ApiError. Unknown fields are ignored,
+as most OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_TOKENS = 16         # the completions API default
+DEFAULT_CHAT_MAX_TOKENS = 256   # chat has no default in OpenAI's API; the mock would run to the context
+MAX_STOP_STRINGS = 4
+
+
+class ApiError(Exception):
+    """A refusal with its OpenAI-shaped body; `param` and `code` are null where nothing applies."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or {404: "not_found_error", 413: "invalid_request_error",
+                             429: "rate_limit_error"}.get(status, "invalid_request_error"
+                                                          if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass
+class CompletionParams:
+    is_chat: bool
+    prompt_token_ids: list[int]
+    max_tokens: int
+    max_tokens_given: bool
+    temperature: float
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False
+    speculative: bool = True
+    return_token_ids: bool = False
+    model: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}",
+                       code="invalid_type")
+    return body
+
+
+def _type_error(param: str, want: str, value) -> ApiError:
+    return ApiError(400, f"'{param}' must be {want}, got {json.dumps(value)[:80]}", param=param,
+                    code="invalid_type")
+
+
+def _opt(body: dict, name: str, kind: type | tuple, want: str, default=None):
+    value = body.get(name)
+    if value is None:
+        return default
+    # bool is an int in Python; JSON true is never a number here
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise _type_error(name, want, value)
+    if not isinstance(value, kind):
+        raise _type_error(name, want, value)
+    return value
+
+
+def _parse_stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise _type_error("stop", "a string or a list of strings", stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
+                       param="stop", code="invalid_value")
+    if any(s == "" for s in stop):
+        raise ApiError(400, "'stop' strings must not be empty", param="stop", code="invalid_value")
+    return tuple(stop)
+
+
+def parse_prompt(value, encode: Callable[[str], list[int]], vocab_size: int) -> list[int]:
+    """A prompt as text, a list of token ids, or a one-element list of either."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        ids = encode(value)
+    elif isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        bad = [t for t in value if not 0 <= t < vocab_size]
+        if bad:
+            raise ApiError(400, f"'prompt' token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                           param="prompt", code="invalid_value")
+        ids = list(value)
+    elif isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+        raise ApiError(400, f"'prompt' holds {len(value)} prompts; this server takes one per request",
+                       param="prompt", code="invalid_value")
+    else:
+        raise _type_error("prompt", "a string or a list of token ids", value)
+    if not ids:
+        raise ApiError(400, "'prompt' is empty; send at least one token", param="prompt",
+                       code="invalid_value")
+    return ids
+
+
+def parse_messages(value) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise _type_error("messages", "a non-empty list of messages", value)
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _type_error(f"messages[{i}]", "an object with a string 'role'", message)
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: keep the text ones
+            if not all(isinstance(p, dict) for p in content):
+                raise _type_error(f"messages[{i}].content", "a string or a list of content parts", content)
+            content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+        if content is not None and not isinstance(content, str):
+            raise _type_error(f"messages[{i}].content", "a string or a list of content parts", content)
+        out.append({"role": message["role"], "content": content or ""})
+    return out
+
+
+def parse_request(body: dict, *, is_chat: bool, encode: Callable[[str], list[int]],
+                  encode_chat: Callable[[list[dict]], list[int]], vocab_size: int,
+                  context_tokens: int) -> CompletionParams:
+    """Validate one request body; raises ApiError(400) naming the offending field."""
+    model = _opt(body, "model", str, "a string")
+    if is_chat:
+        if "messages" not in body:
+            raise ApiError(400, "'messages' is required", param="messages", code="missing_required_parameter")
+        prompt = encode_chat(parse_messages(body["messages"]))
+        if not prompt:
+            raise ApiError(400, "the messages encode to an empty prompt", param="messages",
+                           code="invalid_value")
+    else:
+        if "prompt" not in body:
+            raise ApiError(400, "'prompt' is required", param="prompt", code="missing_required_parameter")
+        prompt = parse_prompt(body["prompt"], encode, vocab_size)
+    name = "max_completion_tokens" if is_chat and body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    max_tokens = _opt(body, name, int, "an integer")
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"'{name}' is {max_tokens}; it must be at least 1", param=name,
+                       code="invalid_value")
+    temperature = _opt(body, "temperature", (int, float), "a number", 1.0)
+    if temperature < 0:
+        raise ApiError(400, f"'temperature' is {temperature}; it must be >= 0", param="temperature",
+                       code="invalid_value")
+    n = _opt(body, "n", int, "an integer", 1)
+    if n != 1:
+        raise ApiError(400, f"'n' is {n}; this server returns exactly one choice", param="n",
+                       code="invalid_value")
+    stream = _opt(body, "stream", bool, "a boolean", False)
+    options = _opt(body, "stream_options", dict, "an object", {})
+    include_usage = options.get("include_usage") or False
+    if not isinstance(include_usage, bool):
+        raise _type_error("stream_options.include_usage", "a boolean", include_usage)
+    if len(prompt) >= context_tokens:
+        raise ApiError(400, f"the prompt has {len(prompt)} tokens; this model's context is "
+                            f"{context_tokens} tokens (prompt + max_tokens must fit)",
+                       param="messages" if is_chat else "prompt", code="context_length_exceeded")
+    max_tokens_given = max_tokens is not None
+    if max_tokens is None:
+        default = DEFAULT_CHAT_MAX_TOKENS if is_chat else DEFAULT_MAX_TOKENS
+        max_tokens = min(default, context_tokens - len(prompt))
+    elif len(prompt) + max_tokens > context_tokens:
+        raise ApiError(400, f"the prompt has {len(prompt)} tokens and '{name}' asks for {max_tokens}; "
+                            f"this model's context is {context_tokens} tokens",
+                       param=name, code="context_length_exceeded")
+    return CompletionParams(
+        is_chat=is_chat, prompt_token_ids=prompt, max_tokens=max_tokens, max_tokens_given=max_tokens_given,
+        temperature=float(temperature), stop=_parse_stop(body),
+        seed=_opt(body, "seed", int, "an integer"), stream=stream, include_usage=include_usage,
+        speculative=_opt(body, "speculative", bool, "a boolean", True),
+        return_token_ids=_opt(body, "return_token_ids", bool, "a boolean", False), model=model)
+
+
+# -- response bodies -------------------------------------------------------------
+@dataclass
+class Envelope:
+    """What every chunk of one response shares."""
+    id: str
+    model: str
+    is_chat: bool
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def object(self) -> str:
+        return "chat.completion.chunk" if self.is_chat else "text_completion"
+
+    def chunk(self, choice: dict | None, **extra) -> dict:
+        out = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+               "choices": [] if choice is None else [choice]}
+        out.update(extra)
+        return out
+
+    def token_choice(self, text: str, token_ids: Sequence[int] | None, finish_reason: str | None,
+                     first: bool = False) -> dict:
+        if self.is_chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        if token_ids is not None:
+            choice["token_ids"] = list(token_ids)
+        return choice
+
+    def final(self, text: str, finish_reason: str | None, usage: dict,
+              token_ids: Sequence[int] | None, prompt_token_ids: Sequence[int] | None, **extra) -> dict:
+        if self.is_chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        if token_ids is not None:
+            choice["token_ids"] = list(token_ids)
+            choice["prompt_token_ids"] = list(prompt_token_ids or ())
+        return {"id": self.id, "object": "chat.completion" if self.is_chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": usage, **extra}
+
+
+def usage(num_prompt: int, num_completion: int) -> dict:
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
+            "total_tokens": num_prompt + num_completion}
+
+
+def sse(payload: dict | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
