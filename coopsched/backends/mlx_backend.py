@@ -1,0 +1,295 @@
+"""The MLX backend: the ModelBackend protocol over a real mlx-lm target and drafter.
+
+Every sequence owns per-layer KV caches (target, and drafter when speculative).
+A batched call merges the rows' caches into one left-padded BatchKVCache, runs
+ONE forward over all rows, and splits the caches back, so each row can be
+rewound on its own after a rejected draft tail. The classic decode batch stays
+merged while its rows do not change. Greedy at temperature 0; time is simply spent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coopsched.core.request import SamplingParams
+
+# mlx-lm takes a path that does not exist for a hub id: never let it reach the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models.cache import BatchKVCache, KVCache  # noqa: E402
+
+PREFILL_STEP = 2048    # prompt chunk, as mlx_lm.generate.generate_step
+RESIDENT_ROOM = 64     # decode steps a merged classic batch takes before it regrows
+
+
+@dataclass(slots=True)
+class _Sequence:
+    params: SamplingParams
+    tokens: list[int]                       # what the target cache holds
+    cache: list | None                      # per-layer KVCache; None while in the resident batch
+    draft_tokens: list[int] = field(default_factory=list)  # what the drafter cache holds
+    draft_cache: list | None = None
+    num_samples: int = 0                    # sampling key counter (temperature > 0)
+
+
+class _Batch:
+    """Rows' per-layer caches merged into left-padded BatchKVCaches with `room` free positions.
+
+    mlx-lm's own merge allocates exactly, so the first forward would regrow every row.
+    """
+
+    def __init__(self, caches: list[list], room: int) -> None:
+        self.layers = [_merge([rows[layer] for rows in caches], room) for layer in range(len(caches[0]))]
+
+    def forward(self, model, inputs: list[list[int]]) -> mx.array:
+        logits = model(mx.array(inputs), cache=self.layers)
+        mx.eval(logits, [c.state for c in self.layers])
+        return logits
+
+    def split(self, num_rows: int) -> list[list]:
+        out = [[layer.extract(i) for layer in self.layers] for i in range(num_rows)]
+        mx.eval([c.state for rows in out for c in rows])
+        return out
+
+
+def load_model(model_dir: str | Path):
+    """mlx_lm.load on an absolute, existing directory (a missing one would be taken for a hub id)."""
+    from mlx_lm import load
+
+    path = Path(model_dir).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a model directory (no config.json); "
+                                "build one with `coopsched model build --out DIR`")
+    return load(str(path))
+
+
+class MlxBackend:
+    def __init__(self, model_dir: str | Path, draft_dir: str | Path | None = None) -> None:
+        self.model_dir = Path(model_dir).resolve()
+        self.draft_dir = Path(draft_dir).resolve() if draft_dir else None
+        self.model, self.tokenizer = load_model(self.model_dir)
+        self.draft_model = load_model(self.draft_dir)[0] if self.draft_dir else None
+        self.eos_token_id = int(self.tokenizer.eos_token_id)
+        self._seqs: dict[str, _Sequence] = {}
+        self._resident_ids: tuple[str, ...] = ()
+        self._resident: _Batch | None = None
+
+    @property
+    def num_live(self) -> int:
+        """Sequences holding caches (the backend's pool in use)."""
+        return len(self._seqs)
+
+    @property
+    def has_drafter(self) -> bool:
+        return self.draft_model is not None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    # -- ModelBackend ---------------------------------------------------------
+    def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
+                with_draft: bool) -> int:
+        if seq_id in self._seqs:
+            raise RuntimeError(f"sequence {seq_id!r} is already live in the MLX backend")
+        if not prompt:
+            raise ValueError(f"sequence {seq_id!r}: empty prompt")
+        prompt = [int(t) for t in prompt]
+        seq = _Sequence(params, list(prompt), _new_cache(self.model))
+        # As generate_step: all but the last token in chunks, then the last one for the logits.
+        for start in range(0, len(prompt) - 1, PREFILL_STEP):
+            self.model(mx.array([prompt[start:min(start + PREFILL_STEP, len(prompt) - 1)]]),
+                       cache=seq.cache)
+            mx.eval([c.state for c in seq.cache])
+        logits = self.model(mx.array([prompt[-1:]]), cache=seq.cache)
+        if with_draft and self.draft_model is not None:
+            seq.draft_cache = _new_cache(self.draft_model)
+            for start in range(0, len(prompt), PREFILL_STEP):
+                self.draft_model(mx.array([prompt[start:start + PREFILL_STEP]]), cache=seq.draft_cache)
+            seq.draft_tokens = list(prompt)
+            mx.eval([c.state for c in seq.draft_cache])
+        self._seqs[seq_id] = seq
+        return self._sample([seq], logits[:, -1, :])[0]
+
+    def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
+        ids = tuple(seq_id for seq_id, _ in rows)
+        inputs = [[int(last)] for _, last in rows]
+        if len(rows) == 1:
+            seq = self._own(ids[0])
+            logits = _forward_one(self.model, seq.cache, inputs)
+        else:
+            if ids != self._resident_ids:  # the classic batch changed: re-merge it once
+                self._evict()
+                self._resident = _Batch([self._seqs[i].cache for i in ids], RESIDENT_ROOM)
+                self._resident_ids = ids
+                for seq_id in ids:
+                    self._seqs[seq_id].cache = None
+            logits = self._resident.forward(self.model, inputs)
+        seqs = [self._seqs[i] for i in ids]
+        for seq, fed in zip(seqs, inputs):
+            seq.tokens.extend(fed)
+        return self._sample(seqs, logits[:, -1, :])
+
+    def draft(self, rows: Sequence[tuple[str, int]], num_tokens: int) -> list[list[int]]:
+        if self.draft_model is None:
+            raise RuntimeError("this MLX backend has no draft model; pass draft_dir "
+                               "(or run the scheduler with has_drafter=False)")
+        if num_tokens < 1:
+            return [[] for _ in rows]
+        seqs = [self._seqs[seq_id] for seq_id, _ in rows]
+        for seq, (_, last) in zip(seqs, rows):
+            self._draft_catch_up(seq, [*seq.tokens, int(last)])
+        inputs = [[int(last)] for _, last in rows]
+        proposals: list[list[int]] = [[] for _ in rows]
+        batch = _Batch([s.draft_cache for s in seqs], num_tokens) if len(rows) > 1 else None
+        for _ in range(num_tokens):
+            logits = (batch.forward(self.draft_model, inputs) if batch
+                      else _forward_one(self.draft_model, seqs[0].draft_cache, inputs))
+            tokens = _greedy(logits[:, -1, :])
+            for seq, fed, row, token in zip(seqs, inputs, proposals, tokens):
+                seq.draft_tokens.extend(fed)
+                row.append(token)
+            inputs = [[t] for t in tokens]
+        if batch:
+            for seq, cache in zip(seqs, batch.split(len(seqs))):
+                seq.draft_cache = cache
+        return proposals
+
+    def verify(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in rows]
+        by_width: dict[int, list[int]] = {}
+        for i, (_, _, drafts) in enumerate(rows):
+            by_width.setdefault(len(drafts) + 1, []).append(i)
+        for indices in by_width.values():  # one forward per width (the scheduler sends one width)
+            seqs = [self._own(rows[i][0]) for i in indices]
+            inputs = [[int(rows[i][1]), *map(int, rows[i][2])] for i in indices]
+            if len(seqs) == 1:
+                logits = _forward_one(self.model, seqs[0].cache, inputs)
+            else:
+                batch = _Batch([s.cache for s in seqs], len(inputs[0]))
+                logits = batch.forward(self.model, inputs)
+                for seq, cache in zip(seqs, batch.split(len(seqs))):
+                    seq.cache = cache
+            columns = [self._sample(seqs, logits[:, j, :]) for j in range(len(inputs[0]))]
+            for k, (i, seq, fed) in enumerate(zip(indices, seqs, inputs)):
+                seq.tokens.extend(fed)
+                out[i] = [column[k] for column in columns]
+        return out
+
+    def rewind(self, seq_id: str, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        seq = self._own(seq_id)
+        if num_tokens > len(seq.tokens):
+            raise ValueError(f"cannot rewind {seq_id!r} by {num_tokens}: its cache holds {len(seq.tokens)}")
+        for c in seq.cache:
+            c.trim(num_tokens)
+        del seq.tokens[-num_tokens:]
+        # The drafter cache is reconciled against seq.tokens at the next draft().
+
+    def release(self, seq_id: str) -> None:
+        if seq_id in self._resident_ids:
+            self._evict()
+        self._seqs.pop(seq_id, None)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids))
+
+    # -- internals ------------------------------------------------------------
+    def _own(self, seq_id: str) -> _Sequence:
+        """The sequence, with its target cache out of the resident batch."""
+        if seq_id in self._resident_ids:
+            self._evict()
+        return self._seqs[seq_id]
+
+    def _evict(self) -> None:
+        if self._resident is None:
+            return
+        for seq_id, cache in zip(self._resident_ids, self._resident.split(len(self._resident_ids))):
+            self._seqs[seq_id].cache = cache
+        self._resident, self._resident_ids = None, ()
+
+    def _draft_catch_up(self, seq: _Sequence, context: list[int]) -> None:
+        """Make the drafter cache hold exactly context[:-1]: trim what the target rejected,
+        read what it has not seen (row by row, so the batched draft steps all start at [last])."""
+        if seq.draft_cache is None:
+            seq.draft_cache, seq.draft_tokens = _new_cache(self.draft_model), []
+        common, limit = 0, min(len(seq.draft_tokens), len(context) - 1)
+        while common < limit and seq.draft_tokens[common] == context[common]:
+            common += 1
+        stale = len(seq.draft_tokens) - common
+        if stale:
+            for c in seq.draft_cache:
+                c.trim(stale)
+            del seq.draft_tokens[common:]
+        behind = context[common:-1]
+        if behind:
+            self.draft_model(mx.array([behind]), cache=seq.draft_cache)
+            mx.eval([c.state for c in seq.draft_cache])
+            seq.draft_tokens.extend(behind)
+
+    def _sample(self, seqs: Sequence[_Sequence], logits: mx.array) -> list[int]:
+        """Greedy rows exactly as generate_step; temperature rows from a per-sequence seeded key."""
+        greedy = _greedy(logits)
+        out = []
+        for i, seq in enumerate(seqs):
+            if seq.params.temperature <= 0:
+                out.append(greedy[i])
+                continue
+            key = mx.random.key((seq.params.seed or 0) * 1_000_003 + seq.num_samples)
+            seq.num_samples += 1
+            token = mx.random.categorical(logits[i] / seq.params.temperature, key=key)
+            out.append(int(token.item()))
+        return out
+
+
+def _new_cache(model) -> list:
+    return [KVCache() for _ in model.layers]
+
+
+def _greedy(logits: mx.array) -> list[int]:
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as generate_step
+    return mx.argmax(logprobs, axis=-1).tolist()
+
+
+def _forward_one(model, cache: list, inputs: list[list[int]]) -> mx.array:
+    logits = model(mx.array(inputs), cache=cache)
+    mx.eval(logits, [c.state for c in cache])
+    return logits
+
+
+def _merge(caches: list[KVCache], room: int) -> BatchKVCache:
+    """As BatchKVCache.merge (rows right-aligned, left padding masked), plus `room` free slots."""
+    lengths = [c.offset if c.keys is not None else 0 for c in caches]
+    longest = max(lengths)
+    padding = [longest - n for n in lengths]
+    batch = BatchKVCache(padding)
+    if longest == 0:
+        return batch
+    ref = next(c for c in caches if c.keys is not None)
+    _, num_heads, _, k_dim = ref.keys.shape
+    keys = mx.zeros((len(caches), num_heads, longest + room, k_dim), ref.keys.dtype)
+    values = mx.zeros((len(caches), num_heads, longest + room, ref.values.shape[3]), ref.values.dtype)
+    for i, (pad, c) in enumerate(zip(padding, caches)):
+        if c.keys is not None:
+            keys[i:i + 1, :, pad:longest] = c.keys[..., :c.offset, :]
+            values[i:i + 1, :, pad:longest] = c.values[..., :c.offset, :]
+    batch.keys, batch.values = keys, values
+    batch.offset = batch.offset + longest
+    batch._idx = longest
+    return batch
+
+
+def make_mlx_backend(model_dir: str | Path | None = None, draft_dir: str | Path | None = None,
+                     cache_dir: str | Path | None = None, progress=None) -> MlxBackend:
+    """The MLX backend on the given models, or on tiny models built once into the cache."""
+    if model_dir is None:
+        from .model_build import ensure_tiny_models
+
+        model_dir, built_draft = ensure_tiny_models(cache_dir, progress=progress)
+        draft_dir = draft_dir or built_draft
+    return MlxBackend(model_dir, draft_dir)
