@@ -59,6 +59,9 @@ class Engine:
                 self.scheduler.submit(pending.pop(0))
             if self.scheduler.is_idle:
                 if not pending:
+                    if self.scheduler.requests:
+                        raise RuntimeError(f"scheduler stalled with live requests "
+                                           f"{sorted(self.scheduler.requests)} and nothing to do")
                     break
                 self.clock.advance_to(pending[0].arrival_ms)
                 result.ticks.append(TickRecord(now, self.clock.now(), ActionKind.IDLE.value, ()))
