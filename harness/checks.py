@@ -67,14 +67,8 @@ def terms_of(run) -> Terms:
     return Terms(decode, round_ms, slice0, prefill, REAL_TIME_ALLOWANCE)
 
 
-def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
-    """Every classic gap <= decode + A x (one speculative action), + slice 0 once at admission.
-
-    Classic admissions inside a gap (other rows' prefills) are classic work and add their cost.
-    """
-    expect = "pass" if run.config.is_sliced else "fail"
-    base = terms.decode_ms + spec_actions_per_gap * terms.spec_action_ms
-    worst = None
+def classic_gaps(run, terms: Terms):
+    """Every classic inter-token gap (ms) with the admission work inside it (slice 0s, classic prefills)."""
     for r in run.requests:
         if r.served_speculatively:
             continue
@@ -84,9 +78,21 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
             extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in inside
                         if t.detail in ADMISSION_DETAILS)
             extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in inside if t.detail == "admit")
-            bound = (base + extra) * terms.factor
-            if worst is None or (b - a) - bound > worst[0] - worst[1]:
-                worst = (b - a, bound)
+            yield b - a, extra
+
+
+def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
+    """Every classic gap <= decode + A x (one speculative action), + slice 0 once at admission.
+
+    Classic admissions inside a gap (other rows' prefills) are classic work and add their cost.
+    """
+    expect = "pass" if run.config.is_sliced else "fail"
+    base = terms.decode_ms + spec_actions_per_gap * terms.spec_action_ms
+    worst = None
+    for gap, extra in classic_gaps(run, terms):
+        bound = (base + extra) * terms.factor
+        if worst is None or gap - bound > worst[0] - worst[1]:
+            worst = (gap, bound)
     if worst is None:
         return check("classic_itl", None, None, None, expect, "no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
@@ -94,6 +100,8 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
 
 
 def evaluate(run, *, classic, burst) -> list[dict]:
+    from . import mode_checks
+
     wanted = run.scenario.checks
     legacy = not run.config.is_sliced  # burst mode, or a drafter kind that is never sliced
     spec = [r for r in run.requests if r.served_speculatively]
@@ -104,8 +112,12 @@ def evaluate(run, *, classic, burst) -> list[dict]:
 
     if "classic_itl" in wanted:
         per_gap = wanted["classic_itl"].get("spec_actions_per_gap", 1)
-        out.append(classic_gap_check(run, terms, per_gap) if spec else
-                   check("classic_itl", None, None, None, note=skip))
+        if not spec:
+            out.append(check("classic_itl", None, None, None, note=skip))
+        elif run.config.mode in mode_checks.GAP_CHECKS and not legacy:  # fused, cost: their own bound
+            out.append(mode_checks.GAP_CHECKS[run.config.mode](run, terms))
+        else:
+            out.append(classic_gap_check(run, terms, per_gap))
         if legacy and spec:
             stall = max((max((b - a for a, b in zip(t, t[1:])), default=0.0)
                          for rid, t in run.token_times.items() if not run.by_id(rid).served_speculatively),
@@ -163,6 +175,7 @@ def evaluate(run, *, classic, burst) -> list[dict]:
         holds = None if not run.config.enable_batch else formed >= 1
         out.append(check("window", holds, formed, 1, note="a B > 1 speculative window ran"))
 
+    out += mode_checks.throughput_checks(run, burst)
     mismatched = [r.id for r in run.requests
                   if r.output_token_ids != classic.by_id(r.id).output_token_ids
                   or r.finish_reason != classic.by_id(r.id).finish_reason]

@@ -73,6 +73,9 @@ class MockBackend:
 
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
         self._charge(self.cost.decode(len(rows)))
+        return self._decode_rows(rows)
+
+    def _decode_rows(self, rows: Sequence[tuple[str, int]]) -> list[int]:
         out = []
         for seq_id, last in rows:
             seq = self._seqs[seq_id]
@@ -99,6 +102,17 @@ class MockBackend:
 
     def verify(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
         self._charge(self.cost.verify(sum(len(d) + 1 for _, _, d in rows)))
+        return self._verify_rows(rows)
+
+    def fused(self, decode_rows: Sequence[tuple[str, int]],
+              verify_rows: Sequence[tuple[str, int, Sequence[int]]]) -> tuple[list[int], list[list[int]]]:
+        """One forward over both: charged as a decode step of the combined width
+        (one position per classic row + K per speculative row), as the issue specifies."""
+        width = len(decode_rows) + sum(len(d) + 1 for _, _, d in verify_rows)
+        self._charge(self.cost.decode(width))
+        return self._decode_rows(decode_rows), self._verify_rows(verify_rows)
+
+    def _verify_rows(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
         out = []
         for seq_id, last, drafts in rows:
             seq = self._seqs[seq_id]

@@ -29,6 +29,10 @@ class ModelBackend(Protocol):
     def verify(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
         """One target forward over [last, *drafts] per row: len(drafts) + 1 target tokens each."""
 
+    def fused(self, decode_rows: Sequence[tuple[str, int]],
+              verify_rows: Sequence[tuple[str, int, Sequence[int]]]) -> tuple[list[int], list[list[int]]]:
+        """`decode` and `verify` in ONE forward (per-row lengths, per-row rollback): both results."""
+
     def rewind(self, seq_id: str, num_tokens: int) -> None:
         """Drop the last `num_tokens` positions of the target cache (a rejected draft tail)."""
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .arbiter import Arbiter
 from .backend import ModelBackend
 from .commit import commit_tokens
 from .config import SchedulerConfig
 from .dispatch import Route, dispatch, same_shape
+from .fused import decide_fused, run_fused
 from .kv import KVSlotPool
 from .observability import BatchObservability, BurstFinalized, TickRecord
 from .policy import ActionKind, TickState, decide_action, next_yield_flag
@@ -56,6 +58,7 @@ class Scheduler:
         self._jobs: dict[str, SpecJob] = {}      # speculative request id -> its job
         self._reaped: list[Emission] = []
         self._hol_accum: dict[str, float] = {}
+        self.arbiter = Arbiter(config.hol_budget_ms, config.block_size) if config.mode == "cost" else None
 
     # -- intake ---------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -99,7 +102,10 @@ class Scheduler:
     # -- one tick -------------------------------------------------------------
     def schedule(self) -> ActionKind:
         self._reap_cancelled()
-        return decide_action(self.tick_state())
+        state = self.tick_state()
+        if self.arbiter is not None:
+            return self.arbiter.decide(state, self)
+        return decide_fused(state) if self.config.mode == "fused" else decide_action(state)
 
     def execute(self, action: ActionKind) -> Executed:
         waiting = [r.id for r in self.running] + [r.id for r in self.queue]
@@ -109,17 +115,23 @@ class Scheduler:
             done = self._decode()
         elif action is ActionKind.SPEC_ROUND:
             done = self._spec_round()
+        elif action is ActionKind.FUSED:
+            done = run_fused(self)
         else:
             done = Executed(action)
         if done.spec_worked:
-            done.waiting = [i for i in waiting if i not in done.spec_worked]
+            done.waiting = [i for i in waiting if i not in done.spec_worked and i not in done.request_ids]
         return done
 
     def commit(self, done: Executed, start_ms: float, end_ms: float) -> tuple[TickRecord, list[TokenEvent]]:
         self.last_was_spec = next_yield_flag(self.last_was_spec, done.action)
         wall = end_ms - start_ms
+        if self.arbiter is not None:
+            self.arbiter.observe(done, start_ms, end_ms, self)
         if done.spec_worked:
             self._account_spec_tick(done, wall)
+            if done.action is ActionKind.FUSED:  # its classic rows advanced: their waits end
+                self._flush_hol_waits(done.request_ids)
         elif done.action is not ActionKind.IDLE:
             self._flush_hol_waits()
         emissions, self._reaped = self._reaped + done.emissions, []
@@ -184,6 +196,8 @@ class Scheduler:
             self.obs.grant_log.append(",".join(self.job.ids))
             detail = "grant"
         job = self.job
+        if self.arbiter is not None:
+            self.arbiter.start_round(job)
         emissions = self._run_slice(job, job.step if job.is_begun else job.begin)
         return Executed(ActionKind.SPEC_ROUND, tuple(job.ids), detail, emissions,
                         spec_worked=list(job.last_worked))
@@ -229,9 +243,11 @@ class Scheduler:
         for seq_id in done.waiting:
             self._hol_accum[seq_id] = self._hol_accum.get(seq_id, 0.0) + wall
 
-    def _flush_hol_waits(self) -> None:
-        self.obs.hol_wait_ms.extend(w for w in self._hol_accum.values() if w > 0)
-        self._hol_accum.clear()
+    def _flush_hol_waits(self, only: tuple[str, ...] | None = None) -> None:
+        for seq_id in list(self._hol_accum) if only is None else [i for i in only if i in self._hol_accum]:
+            wait = self._hol_accum.pop(seq_id)
+            if wait > 0:
+                self.obs.hol_wait_ms.append(wait)
 
     def _reap_cancelled(self) -> None:
         """Cancelled requests leave the queue, the batch and the backlog before the next action."""

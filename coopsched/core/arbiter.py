@@ -1,0 +1,159 @@
+"""Cost mode: a cost-aware arbiter that bounds the HOL stall in milliseconds, not ticks.
+
+It learns what actions cost from the tick walls the engine passes to commit (it
+never reads a clock). Before each tick, while classic rows run, it picks the
+widest speculative round (K in [2, block_size]) that still lets every running
+classic row get its next token within `hol_budget_ms` of its last one, so several
+rounds may run between two decode steps; if none fits, the classic rows are
+served. With no classic work, speculation runs back to back at the configured K.
+
+Unmeasured costs: at most one speculative action per classic gap (a probe, at the
+smallest K), so the arbiter is never worse than strict alternation. A budget below
+the floor (one decode + the smallest round) cannot be met: the arbiter then
+alternates at the smallest K rather than starve the speculative request.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .policy import ActionKind, TickState, decide_action
+
+if TYPE_CHECKING:
+    from .scheduler import Executed, Scheduler
+    from .spec import SpecJob
+
+MIN_BLOCK_SIZE = 2
+EPS_MS = 1e-9
+
+
+class CostEstimator:
+    """Upper bounds on an action's cost from measured ones, keyed by its sizes.
+
+    Assumes cost is non-decreasing in every size and grows at most proportionally
+    (affine with a non-negative intercept, as a forward's cost is): a measured point
+    bounds every smaller size, and bounds a larger one once scaled by the ratio.
+    """
+
+    def __init__(self) -> None:
+        self._points: dict[tuple[int, ...], float] = {}
+
+    def observe(self, size: tuple[int, ...], ms: float) -> None:
+        self._points[size] = max(self._points.get(size, 0.0), ms)
+
+    def estimate(self, size: tuple[int, ...]) -> float | None:
+        best = None
+        for point, ms in self._points.items():
+            scale = 1.0
+            for want, have in zip(size, point):
+                scale *= max(1.0, want / max(have, 1))
+            best = ms * scale if best is None else min(best, ms * scale)
+        return best
+
+
+class Arbiter:
+    def __init__(self, budget_ms: float, block_size: int) -> None:
+        self.budget_ms = budget_ms
+        self.max_k = block_size
+        self.k = block_size                     # K of the next round
+        self.decode = CostEstimator()           # (batch size,)
+        self.round = CostEstimator()            # (K, rows)
+        self.slice0 = CostEstimator()           # (prompt tokens of the job,)
+        self.now_ms = 0.0                       # end of the last committed tick
+        self._tick = 0
+        self._served: dict[str, tuple[int, float]] = {}  # classic row -> (tick, time) of its last token
+        self._last_spec_tick = -1
+        self._plan: tuple[str, int] | None = None         # what the running spec tick is: (kind, K)
+        self.k_log: list[int] = []              # K of every round run (reports)
+
+    # -- deciding -------------------------------------------------------------
+    def decide(self, state: TickState, sched: "Scheduler") -> ActionKind:
+        running = sched.running[: state.max_batch_size]
+        oldest = min((self._served_tick(r.id) for r in running), default=self._tick)
+        spec_in_gap = bool(running) and self._last_spec_tick > oldest
+        if not state.has_spec_work and not spec_in_gap:
+            return decide_action(state)
+        can_admit = state.num_running < state.max_batch_size and state.num_admissible > 0
+        if not running:
+            if can_admit or state.has_parked_prefill:
+                return ActionKind.PREFILL
+            self.k = self.max_k  # no one waits: back to back at full width
+            return ActionKind.SPEC_ROUND if state.has_spec_work else ActionKind.IDLE
+        if can_admit and not spec_in_gap:
+            return ActionKind.PREFILL  # admissions go right after a classic service
+        if state.has_spec_work and self._fit(sched, running, is_fresh=oldest == self._tick):
+            return ActionKind.SPEC_ROUND
+        return ActionKind.DECODE
+
+    def _fit(self, sched: "Scheduler", running, is_fresh: bool) -> bool:
+        """Whether a speculative action fits before the next decode; sets `self.k`.
+
+        `is_fresh`: every running row got a token in the last tick (so nothing else is in this gap).
+        """
+        decode = self.decode.estimate((len(running),))
+        if decode is None:
+            return False  # serve (and so measure) the classic rows first
+        waited = self.now_ms - min(self._served_time(r.id) for r in running)
+        spare = self.budget_ms - waited - decode
+        jobs = [sched.job] if sched.job is not None else list(sched.backlog)
+        if all(j.is_begun for j in jobs):
+            num_rows = max(len(j.live_rows) for j in jobs)
+            for k in range(self.max_k, MIN_BLOCK_SIZE - 1, -1):
+                cost = self.round.estimate((k, num_rows))
+                if cost is not None and cost <= spare + EPS_MS:
+                    self.k = k
+                    return True
+            smallest = self.round.estimate((MIN_BLOCK_SIZE, num_rows))
+        else:  # a granted waiter's slice 0 (a prefill of its prompt)
+            costs = [self._slice0_cost(j) for j in jobs]
+            smallest = None if None in costs else max(costs)
+            if smallest is not None and smallest <= spare + EPS_MS:
+                self.k = self.max_k
+                return True
+        self.k = MIN_BLOCK_SIZE
+        never_fits = smallest is None or smallest + decode > self.budget_ms + EPS_MS
+        return never_fits and is_fresh  # a probe, or the floor: once, right after a classic service
+
+    def _slice0_cost(self, job: "SpecJob") -> float | None:
+        if job.is_begun:
+            return self.round.estimate((self.max_k, len(job.live_rows)))
+        return self.slice0.estimate((sum(len(r.prompt_token_ids) for r in job.rows),))
+
+    def _served_tick(self, seq_id: str) -> int:
+        return self._served.get(seq_id, (self._tick, self.now_ms))[0]
+
+    def _served_time(self, seq_id: str) -> float:
+        return self._served.get(seq_id, (self._tick, self.now_ms))[1]
+
+    # -- learning -------------------------------------------------------------
+    def start_round(self, job: "SpecJob") -> None:
+        """Called as a SpeculativeRound starts: its K, and whether it is a round or a slice 0."""
+        if job.is_begun:
+            job.block_size = self.k
+            self._plan = ("round", self.k)
+        else:
+            self._plan = ("slice0", 0)
+
+    def observe(self, done: "Executed", start_ms: float, end_ms: float, sched: "Scheduler") -> None:
+        """Learn from one committed tick (before its finished rows are finalized)."""
+        wall = end_ms - start_ms
+        self._tick += 1
+        self.now_ms = end_ms
+        if done.action is ActionKind.DECODE:
+            self.decode.observe((len(done.request_ids),), wall)
+        if done.action is ActionKind.DECODE or done.detail == "admit":
+            for seq_id in done.request_ids:
+                self._served[seq_id] = (self._tick, end_ms)
+        for seq_id in [s for s in self._served if s not in sched.requests]:
+            del self._served[seq_id]  # rows finalized since
+        if not done.spec_worked:
+            return
+        self._last_spec_tick = self._tick
+        is_round = done.action is ActionKind.SPEC_ROUND and self._plan is not None and self._plan[0] == "round"
+        if is_round:
+            self.round.observe((self._plan[1], len(done.spec_worked)), wall)
+            self.k_log.append(self._plan[1])
+        elif done.detail in ("slice0", "window") or done.action is ActionKind.SPEC_ROUND:
+            tokens = sum(len(sched.requests[i].prompt_token_ids) for i in done.spec_worked if i in sched.requests)
+            self.slice0.observe((max(tokens, 1),), wall)
+        self._plan = None
