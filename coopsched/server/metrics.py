@@ -3,7 +3,8 @@
 Counters follow the scheduler's live counters by delta; HOL waits and
 BurstFinalized records are drained from its lists (the server is their only
 consumer, so a long-running server does not grow them); TTFT and ITL come from
-token event times. Every update runs on the engine worker thread.
+token event times. Updates run on the engine worker thread; the three gauges are read at scrape
+time (plain length reads of the worker's containers).
 """
 
 from __future__ import annotations
@@ -89,8 +90,15 @@ class Metrics:
             burst_log.info(json.dumps({"event": "BurstFinalized", **record.to_json()}))
         if len(obs.grant_log) > 1000:
             del obs.grant_log[:-100]
-        job_rows = len(scheduler.job.live_rows) if scheduler.job is not None else 0
-        self.running.set(len(scheduler.running) + job_rows)
-        self.waiting.set(len(scheduler.queue) + sum(len(j.rows) for j in scheduler.backlog))
-        self.kv_slots.set(scheduler.kv.num_in_use)
         return bursts
+
+    def watch(self, scheduler) -> None:
+        """The gauges read the scheduler at scrape time, so a long tick (a prefill, a burst) shows."""
+        def running() -> int:
+            job = scheduler.job
+            return len(scheduler.running) + (len(job.live_rows) if job is not None else 0)
+
+        self.running.set_function(running)
+        self.waiting.set_function(
+            lambda: len(scheduler.queue) + sum(len(j.rows) for j in list(scheduler.backlog)))
+        self.kv_slots.set_function(lambda: scheduler.kv.num_in_use)

@@ -57,6 +57,7 @@ class EngineHost:
         self.scheduler = Scheduler(config, model.backend)
         self.engine = Engine(self.scheduler, clock, on_event=self._on_event, on_tick=self._on_tick)
         self.metrics = Metrics()
+        self.metrics.watch(self.scheduler)
         self.failure: BaseException | None = None
         self._live: dict[str, Live] = {}
         self._bursts: dict[str, object] = {}  # BurstFinalized records of this tick, by seq_id

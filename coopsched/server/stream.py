@@ -28,7 +28,7 @@ class TextStream:
             if not piece.endswith("\ufffd"):
                 self.text += piece
                 self._pending.clear()
-            deltas.append(self._release(len(self.text) - self._hold))
+            deltas.append(self._release(min(len(self.text) - self._hold, self._stop_at())))
         return deltas
 
     def finish(self, finish_reason: str | None) -> str:
@@ -36,14 +36,14 @@ class TextStream:
         if self._pending:
             self.text += self._detokenize(self._pending)
             self._pending.clear()
-        end = len(self.text)
-        if finish_reason == "stop" and self._stop:
-            hits = [i for i in (self.text.find(s, max(self.num_sent - len(s), 0)) for s in self._stop)
-                    if i >= 0]
-            if hits:
-                end = min(hits)
-                self.text = self.text[:end]
+        end = min(len(self.text), self._stop_at())
+        self.text = self.text[:end]
         return self._release(end)
+
+    def _stop_at(self) -> int:
+        """Where the first stop string in the unsent text starts (the text's length if none)."""
+        hits = [i for i in (self.text.find(s, self.num_sent) for s in self._stop) if i >= 0]
+        return min(hits, default=len(self.text))
 
     def _release(self, upto: int) -> str:
         if upto <= self.num_sent:

@@ -1,0 +1,158 @@
+"""Malformed requests -> exact status codes and OpenAI-shaped errors, while another stream runs intact."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from e2e_servers import serve, wait_for
+
+pytestmark = pytest.mark.e2e
+
+CONTEXT = 4096
+LONG_PROMPT = "x" * (CONTEXT + 10)
+
+# (id, path, raw body or JSON, status, param, code)
+CASES = [
+    ("not-json", "/v1/completions", b"{", 400, None, "invalid_json"),
+    ("not-utf8", "/v1/completions", b"\xff\xfe", 400, None, "invalid_json"),
+    ("body-is-a-list", "/v1/completions", [1], 400, None, "invalid_type"),
+    ("prompt-missing", "/v1/completions", {"max_tokens": 4}, 400, "prompt", "missing_required_parameter"),
+    ("prompt-a-number", "/v1/completions", {"prompt": 5}, 400, "prompt", "invalid_type"),
+    ("prompt-empty", "/v1/completions", {"prompt": ""}, 400, "prompt", "invalid_value"),
+    ("prompt-token-out-of-vocab", "/v1/completions", {"prompt": [72, 9999]}, 400, "prompt", "invalid_value"),
+    ("prompt-batch", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", "invalid_value"),
+    ("max-tokens-zero", "/v1/completions", {"prompt": "a", "max_tokens": 0}, 400, "max_tokens",
+     "invalid_value"),
+    ("max-tokens-negative", "/v1/completions", {"prompt": "a", "max_tokens": -3}, 400, "max_tokens",
+     "invalid_value"),
+    ("max-tokens-a-string", "/v1/completions", {"prompt": "a", "max_tokens": "8"}, 400, "max_tokens",
+     "invalid_type"),
+    ("max-tokens-a-float", "/v1/completions", {"prompt": "a", "max_tokens": 8.5}, 400, "max_tokens",
+     "invalid_type"),
+    ("max-tokens-a-bool", "/v1/completions", {"prompt": "a", "max_tokens": True}, 400, "max_tokens",
+     "invalid_type"),
+    ("temperature-negative", "/v1/completions", {"prompt": "a", "temperature": -0.1}, 400, "temperature",
+     "invalid_value"),
+    ("temperature-a-string", "/v1/completions", {"prompt": "a", "temperature": "hot"}, 400, "temperature",
+     "invalid_type"),
+    ("stream-a-string", "/v1/completions", {"prompt": "a", "stream": "yes"}, 400, "stream", "invalid_type"),
+    ("speculative-a-number", "/v1/completions", {"prompt": "a", "speculative": 1}, 400, "speculative",
+     "invalid_type"),
+    ("return-token-ids-a-string", "/v1/completions", {"prompt": "a", "return_token_ids": "y"}, 400,
+     "return_token_ids", "invalid_type"),
+    ("stop-a-number", "/v1/completions", {"prompt": "a", "stop": 3}, 400, "stop", "invalid_type"),
+    ("seed-a-string", "/v1/completions", {"prompt": "a", "seed": "s"}, 400, "seed", "invalid_type"),
+    ("include-usage-a-string", "/v1/completions",
+     {"prompt": "a", "stream": True, "stream_options": {"include_usage": "y"}}, 400,
+     "stream_options.include_usage", "invalid_type"),
+    ("prompt-longer-than-context", "/v1/completions", {"prompt": LONG_PROMPT}, 400, "prompt",
+     "context_length_exceeded"),
+    ("prompt-plus-budget-over-context", "/v1/completions", {"prompt": "y" * 4000, "max_tokens": 200}, 400,
+     "max_tokens", "context_length_exceeded"),
+    ("unknown-model", "/v1/completions", {"model": "gpt-4", "prompt": "a"}, 404, "model", "model_not_found"),
+    ("chat-messages-missing", "/v1/chat/completions", {"max_tokens": 3}, 400, "messages",
+     "missing_required_parameter"),
+    ("chat-messages-a-string", "/v1/chat/completions", {"messages": "hi"}, 400, "messages", "invalid_type"),
+    ("chat-message-without-role", "/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400,
+     "messages[0]", "invalid_type"),
+    ("chat-max-tokens-zero", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+    ("chat-unknown-model", "/v1/chat/completions",
+     {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
+    ("oversized-body", "/v1/completions", b'{"prompt": "' + b"z" * (2 << 20) + b'"}', 413, None,
+     "request_too_large"),
+    ("unknown-route", "/v1/embeddings", {"input": "a"}, 404, None, "not_found"),
+]
+
+
+def post(url: str, path: str, body) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(url + path, content=content, headers={"content-type": "application/json"}, timeout=30)
+
+
+def assert_error_shape(response: httpx.Response, status: int, param, code) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    assert (error["param"], error["code"]) == (param, code)
+
+
+def stream_tokens(url: str, body: dict, out: dict) -> None:
+    ids, finish = [], []
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True, "return_token_ids": True},
+                      timeout=60) as response:
+        out["status"] = response.status_code
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                out["done"] = True
+                break
+            choice = json.loads(line[6:])["choices"][0]
+            ids += choice["token_ids"]
+            finish.append(choice["finish_reason"])
+    out["token_ids"], out["finish"] = ids, finish
+
+
+@pytest.fixture(scope="module")
+def slow_server():
+    # 3 ms decode steps: the concurrent stream below is still running when the table is done
+    with serve("--decode-ms", "3", "--round-ms", "12") as served:
+        yield served
+
+
+def test_malformed_requests_leave_a_concurrent_stream_intact(slow_server):
+    url = slow_server.url
+    body = {"prompt": "steady stream", "max_tokens": 300, "temperature": 0}
+    solo = post(url, "/v1/completions", {**body, "return_token_ids": True, "speculative": False}).json()
+    expected = solo["choices"][0]["token_ids"]
+
+    out, out_spec = {}, {}
+    streams = [threading.Thread(target=stream_tokens, args=(url, {**body, "speculative": spec}, result))
+               for spec, result in ((False, out), (True, out_spec))]
+    for thread in streams:
+        thread.start()
+    failures = []
+    for case_id, path, payload, status, param, code in CASES:
+        try:
+            assert_error_shape(post(url, path, payload), status, param, code)
+        except AssertionError as exc:
+            failures.append(f"{case_id}: {exc}")
+    for thread in streams:
+        thread.join(timeout=120)
+    assert not failures, "\n".join(failures)
+    for result in (out, out_spec):
+        assert result["status"] == 200 and result.get("done")
+        assert result["token_ids"] == expected
+        assert result["finish"] == [None] * 299 + ["length"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_each_malformed_request(server, case):
+    _, path, payload, status, param, code = case
+    assert_error_shape(post(server.url, path, payload), status, param, code)
+
+
+def test_queue_full_is_429():
+    # prefill of a 2000-token prompt takes 2 s: the first request is still waiting for its first token
+    with serve("--prefill-ms-per-token", "1", "--max-queue", "1") as served:
+        first: dict = {}
+        thread = threading.Thread(target=lambda: first.update(
+            post(served.url, "/v1/completions", {"prompt": "p" * 2000, "max_tokens": 1}).json()))
+        thread.start()
+        try:
+            assert wait_for(lambda: served.metrics()["coopsched_requests_waiting"] >= 1
+                            or served.metrics()["coopsched_kv_slots_in_use"] >= 1)
+            assert_error_shape(post(served.url, "/v1/completions", {"prompt": "b", "max_tokens": 1}),
+                               429, None, "queue_full")
+        finally:
+            thread.join(timeout=30)
+        assert first["choices"][0]["finish_reason"] == "length"
