@@ -34,7 +34,6 @@ class _Sequence:
     cache: list | None                      # per-layer KVCache; None while in the resident batch
     draft_tokens: list[int] = field(default_factory=list)  # what the drafter cache holds
     draft_cache: list | None = None
-    num_samples: int = 0                    # sampling key counter (temperature > 0)
 
 
 class _Batch:
@@ -75,9 +74,20 @@ class MlxBackend:
         self.model, self.tokenizer = load_model(self.model_dir)
         self.draft_model = load_model(self.draft_dir)[0] if self.draft_dir else None
         self.eos_token_id = int(self.tokenizer.eos_token_id)
+        self._reset()
+
+    def _reset(self) -> None:
         self._seqs: dict[str, _Sequence] = {}
         self._resident_ids: tuple[str, ...] = ()
         self._resident: _Batch | None = None
+
+    def fresh(self) -> "MlxBackend":
+        """A backend with no sequences that shares this one's loaded weights."""
+        other = object.__new__(MlxBackend)
+        for name in ("model_dir", "draft_dir", "model", "tokenizer", "draft_model", "eos_token_id"):
+            setattr(other, name, getattr(self, name))
+        other._reset()
+        return other
 
     @property
     def num_live(self) -> int:
@@ -113,7 +123,7 @@ class MlxBackend:
             seq.draft_tokens = list(prompt)
             mx.eval([c.state for c in seq.draft_cache])
         self._seqs[seq_id] = seq
-        return self._sample([seq], logits[:, -1, :])[0]
+        return self._sample([seq], logits[:, -1, :], [len(prompt)])[0]
 
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
         ids = tuple(seq_id for seq_id, _ in rows)
@@ -132,7 +142,7 @@ class MlxBackend:
         seqs = [self._seqs[i] for i in ids]
         for seq, fed in zip(seqs, inputs):
             seq.tokens.extend(fed)
-        return self._sample(seqs, logits[:, -1, :])
+        return self._sample(seqs, logits[:, -1, :], [len(s.tokens) for s in seqs])
 
     def draft(self, rows: Sequence[tuple[str, int]], num_tokens: int) -> list[list[int]]:
         if self.draft_model is None:
@@ -174,11 +184,43 @@ class MlxBackend:
                 logits = batch.forward(self.model, inputs)
                 for seq, cache in zip(seqs, batch.split(len(seqs))):
                     seq.cache = cache
-            columns = [self._sample(seqs, logits[:, j, :]) for j in range(len(inputs[0]))]
+            columns = [self._sample(seqs, logits[:, j, :], [len(s.tokens) + j + 1 for s in seqs])
+                       for j in range(len(inputs[0]))]
             for k, (i, seq, fed) in enumerate(zip(indices, seqs, inputs)):
                 seq.tokens.extend(fed)
                 out[i] = [column[k] for column in columns]
         return out
+
+    def fused(self, decode_rows: Sequence[tuple[str, int]],
+              verify_rows: Sequence[tuple[str, int, Sequence[int]]]) -> tuple[list[int], list[list[int]]]:
+        """`decode` and `verify` in ONE forward: shorter rows are right-padded (causal masking
+        keeps real positions from seeing the pads), then the pads are rolled into left padding."""
+        ids = [seq_id for seq_id, _ in decode_rows] + [seq_id for seq_id, _, _ in verify_rows]
+        inputs = [[int(last)] for _, last in decode_rows] + \
+            [[int(last), *map(int, drafts)] for _, last, drafts in verify_rows]
+        if not ids:
+            return [], []
+        seqs = [self._own(seq_id) for seq_id in ids]
+        width = max(len(x) for x in inputs)
+        if len(seqs) == 1:
+            logits = _forward_one(self.model, seqs[0].cache, inputs)
+        else:
+            batch = _Batch([s.cache for s in seqs], width)
+            for layer in batch.layers:
+                layer.prepare(right_padding=[width - len(x) for x in inputs])
+            logits = batch.forward(self.model, [x + [0] * (width - len(x)) for x in inputs])
+            for layer in batch.layers:
+                layer.finalize()
+            for seq, cache in zip(seqs, batch.split(len(seqs))):
+                seq.cache = cache
+        columns = [self._sample(seqs, logits[:, j, :], [len(s.tokens) + j + 1 for s in seqs])
+                   for j in range(width)]
+        for seq, fed in zip(seqs, inputs):
+            seq.tokens.extend(fed)
+        decoded = [columns[0][k] for k in range(len(decode_rows))]
+        verified = [[columns[j][k] for j in range(len(inputs[k]))]
+                    for k in range(len(decode_rows), len(ids))]
+        return decoded, verified
 
     def rewind(self, seq_id: str, num_tokens: int) -> None:
         if num_tokens <= 0:
@@ -232,16 +274,16 @@ class MlxBackend:
             mx.eval([c.state for c in seq.draft_cache])
             seq.draft_tokens.extend(behind)
 
-    def _sample(self, seqs: Sequence[_Sequence], logits: mx.array) -> list[int]:
-        """Greedy rows exactly as generate_step; temperature rows from a per-sequence seeded key."""
+    def _sample(self, seqs: Sequence[_Sequence], logits: mx.array, positions: Sequence[int]) -> list[int]:
+        """Greedy rows exactly as generate_step. Temperature rows draw with a key of (seed, context
+        length), so a token is the same whether decoded, verified or fused: speculation keeps parity."""
         greedy = _greedy(logits)
         out = []
         for i, seq in enumerate(seqs):
             if seq.params.temperature <= 0:
                 out.append(greedy[i])
                 continue
-            key = mx.random.key((seq.params.seed or 0) * 1_000_003 + seq.num_samples)
-            seq.num_samples += 1
+            key = mx.random.key(((seq.params.seed or 0) * 1_000_003 + positions[i]) % (1 << 63))
             token = mx.random.categorical(logits[i] / seq.params.temperature, key=key)
             out.append(int(token.item()))
         return out
@@ -293,3 +335,24 @@ def make_mlx_backend(model_dir: str | Path | None = None, draft_dir: str | Path 
         model_dir, built_draft = ensure_tiny_models(cache_dir, progress=progress)
         draft_dir = draft_dir or built_draft
     return MlxBackend(model_dir, draft_dir)
+
+
+def scenario_backend_factory(model_dir: str | Path | None = None, draft_dir: str | Path | None = None,
+                             cache_dir: str | Path | None = None):
+    """For the harness: `(clock, scenario, seed) -> backend`, loading the models once.
+
+    The clock is unused: a real backend spends real time, which the engine's RealClock reads.
+    """
+    loaded: list[MlxBackend] = []
+
+    def factory(_clock, _scenario, _seed) -> MlxBackend:
+        if not loaded:
+            loaded.append(make_mlx_backend(model_dir, draft_dir, cache_dir, progress=_log_progress))
+        return loaded[0].fresh()
+    return factory
+
+
+def _log_progress(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).log(f"tiny MLX models: {message}", highlight=False)
