@@ -19,6 +19,8 @@ AFFIRMATIVE_SET = frozenset({"1", "true", "TRUE", "yes", "on"})
 ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
 _UNSIGNED = re.compile(r"\+?[0-9]+", re.ASCII)
 _SIGNED = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+DEFAULT_HOL_BUDGET_MS = SchedulerConfig.__dataclass_fields__["hol_budget_ms"].default
 
 
 class GateError(ValueError):
@@ -42,6 +44,12 @@ GATES = (
     Gate("MLXCEL_DRAFT_KIND", "auto", "exactly auto, mtp or dflash (never sliced); else startup error"),
 )
 GATE_NAMES = tuple(g.name for g in GATES)
+# coopsched's own knobs (beyond upstream): same parsing care, kept apart from the pinned MLXCEL_* table.
+KNOBS = (
+    Gate("COOPSCHED_HOL_BUDGET_MS", "50", "cost mode's HOL budget, ms: trimmed ASCII decimal > 0; "
+         "unparseable -> warning, 50 kept; <= 0 -> startup error (--hol-budget-ms wins)"),
+)
+KNOB_NAMES = tuple(k.name for k in KNOBS)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Gates:
     mtp_batch_ragged: bool = False
     draft_block_size: int = 4
     draft_kind: str = "auto"
+    hol_budget_ms: float = DEFAULT_HOL_BUDGET_MS
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -66,6 +75,7 @@ class Gates:
             mtp_batch_ragged=raw.get("MLXCEL_ENABLE_MTP_BATCH_RAGGED") in AFFIRMATIVE_SET,
             draft_block_size=parse_block_size(raw.get("MLXCEL_DRAFT_BLOCK_SIZE"), warnings),
             draft_kind=parse_draft_kind(raw.get("MLXCEL_DRAFT_KIND")),
+            hol_budget_ms=parse_hol_budget_ms(raw.get("COOPSCHED_HOL_BUDGET_MS"), warnings),
             warnings=tuple(warnings),
         )
 
@@ -73,7 +83,7 @@ class Gates:
     def from_env(cls, defaults: Mapping[str, str] | None = None) -> "Gates":
         """Gates from the environment; `defaults` (a scenario's own) lose to any gate that is set."""
         raw = dict(defaults or {})
-        raw.update({name: os.environ[name] for name in GATE_NAMES if name in os.environ})
+        raw.update({name: os.environ[name] for name in GATE_NAMES + KNOB_NAMES if name in os.environ})
         return cls.parse(raw)
 
     def scheduler_config(self, **overrides) -> SchedulerConfig:
@@ -86,6 +96,7 @@ class Gates:
             enable_ragged=self.mtp_batch and self.mtp_batch_ragged,
             block_size=self.draft_block_size,
             draft_kind=self.draft_kind,
+            hol_budget_ms=self.hol_budget_ms,
         )
         values.update(overrides)
         return SchedulerConfig(**values)
@@ -117,3 +128,19 @@ def parse_draft_kind(value: str | None) -> str:
     if value not in DRAFT_KINDS:
         raise GateError(f"MLXCEL_DRAFT_KIND={value!r} is not one of {', '.join(DRAFT_KINDS)}")
     return value
+
+
+def parse_hol_budget_ms(value: str | None, warnings: list[str],
+                        default: float = DEFAULT_HOL_BUDGET_MS) -> float:
+    """ASCII decimal ms after trimming (no exponent, inf, nan, '_' or non-ASCII digits)."""
+    if value is None:
+        return default
+    text = value.strip(ASCII_WHITESPACE)
+    if not _DECIMAL.fullmatch(text):
+        warnings.append(f"COOPSCHED_HOL_BUDGET_MS={value!r} is not a decimal number of ms; "
+                        f"keeping {default:g}")
+        return default
+    budget = float(text)
+    if budget <= 0:
+        raise GateError(f"COOPSCHED_HOL_BUDGET_MS={value!r}: the HOL budget must be > 0 ms")
+    return budget

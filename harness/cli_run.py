@@ -12,8 +12,23 @@ from rich.table import Table
 from coopsched.env import GateError
 
 from . import runner, scenario
+from .summary import print_summary
 
-RUN_MODES = ("burst", "slice")
+RUN_MODES = ("burst", "slice", "fused", "cost")
+
+
+def positive_ms(text: str) -> float:
+    """--hol-budget-ms: a number of ms > 0 (the env knob COOPSCHED_HOL_BUDGET_MS parses the same way)."""
+    from coopsched.env import parse_hol_budget_ms
+
+    warnings: list[str] = []
+    try:
+        value = parse_hol_budget_ms(text, warnings)
+    except GateError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("COOPSCHED_HOL_BUDGET_MS", "--hol-budget-ms"))
+    if warnings:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a decimal number of ms")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", type=Path, metavar="DIR", help="MLX draft model")
     parser.add_argument("--cost", type=Path, metavar="PROFILE.json", help="mock cost profile (coopsched calibrate)")
     parser.add_argument("--target", metavar="URL", help="run against an OpenAI-compatible server over HTTP")
+    parser.add_argument("--hol-budget-ms", type=positive_ms, metavar="MS",
+                        help="cost mode: the longest a classic row may wait on speculation "
+                             "(wins over COOPSCHED_HOL_BUDGET_MS; default 50)")
 
 
 def modes_for(args: argparse.Namespace, bare: bool) -> list[str | None]:
@@ -78,12 +96,15 @@ def main(args: argparse.Namespace) -> int:
         else:
             factory = backend_factory(args)
             clock = runner.RealClock if args.backend == "mlx" else runner.ManualClock
-            traces = [runner.run_scenario(s, m, args.seed, backend_factory=factory, clock_factory=clock)
+            options = {} if args.hol_budget_ms is None else {"hol_budget_ms": args.hol_budget_ms}
+            traces = [runner.run_scenario(s, m, args.seed, backend_factory=factory, clock_factory=clock,
+                                          options=options)
                       for s in scenarios for m in modes_for(args, bare)]
     except (GateError, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
     print_table(console, traces)
+    print_summary(console, traces)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(runner.dumps(traces))

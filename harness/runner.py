@@ -54,9 +54,10 @@ def scenario_cost(scenario: Scenario, seed: int, profile: CostModel | None = Non
     return CostModel(**{**base, **scenario.cost, "seed": seed})
 
 
-def scenario_config(scenario: Scenario, mode: str | None) -> SchedulerConfig:
-    """Gates (environment over the scenario's defaults), then the scenario's knobs, then --mode."""
-    overrides = dict(scenario.scheduler)
+def scenario_config(scenario: Scenario, mode: str | None, options: dict | None = None) -> SchedulerConfig:
+    """Gates (environment over the scenario's defaults), then the scenario's knobs, then --mode
+    and other command-line options (e.g. hol_budget_ms from --hol-budget-ms)."""
+    overrides = dict(scenario.scheduler) | dict(options or {})
     if mode is not None:
         overrides["mode"] = mode
     return Gates.from_env(scenario.gates).scheduler_config(**overrides)
@@ -115,11 +116,12 @@ def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
 
 
 def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
-                 backend_factory: BackendFactory = mock_backend, clock_factory=ManualClock) -> dict:
+                 backend_factory: BackendFactory = mock_backend, clock_factory=ManualClock,
+                 options: dict | None = None) -> dict:
     """The trace of one scenario x mode, with its checks evaluated."""
     from .checks import evaluate
 
-    config = scenario_config(scenario, mode)
+    config = scenario_config(scenario, mode, options)
     run = execute(scenario, config, seed, backend_factory=backend_factory, clock=clock_factory())
     classic = execute(scenario, config, seed, speculative=False, backend_factory=backend_factory,
                       clock=clock_factory())

@@ -1,0 +1,57 @@
+"""The modes side by side: one row per scenario x mode from the trace JSON.
+
+Columns (DESIGN.md section 7 vocabulary): classic stall (largest classic ITL),
+the same over only the gaps that contain speculative work (the HOL stall; the
+rest is classic admissions), classic ITL p99 (pooled over every classic
+request's gaps), speculative request tokens/s, aggregate tokens/s, and the
+ratio of aggregate tokens/s to the legacy burst in the same run
+(`ratio_to_burst`, set by the checks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COLUMNS = ("scenario", "mode", "stall", "w/spec", "ITL p99", "spec tok/s", "agg tok/s", "x burst")
+SPEC_DETAILS = ("slice0", "window", "burst")
+
+
+def _spec_ends(trace: dict) -> list[float]:
+    return [t["end_ms"] for t in trace["ticks"]
+            if t["action"] in ("spec_round", "fused") or t.get("detail") in SPEC_DETAILS]
+
+
+def summary_row(trace: dict) -> dict:
+    pairs = [(a, b) for r in trace["requests"] if not r["speculative"]
+             for a, b in zip(r["token_times_ms"], r["token_times_ms"][1:])]
+    gaps = np.array([b - a for a, b in pairs], dtype=float)
+    ends = np.array(sorted(_spec_ends(trace)), dtype=float)
+    with_spec = [b - a for a, b in pairs
+                 if np.searchsorted(ends, b, "right") > np.searchsorted(ends, a, "right")]
+    throughput = trace.get("throughput", {})
+    return {
+        "scenario": trace["scenario"], "mode": trace["mode"],
+        "classic_stall_ms": float(gaps.max()) if gaps.size else None,
+        "classic_stall_spec_ms": max(with_spec) if with_spec else None,
+        "classic_itl_p99_ms": float(np.percentile(gaps, 99)) if gaps.size else None,
+        "spec_tok_s": throughput.get("spec_tok_s"),
+        "aggregate_tok_s": throughput.get("aggregate_tok_s"),
+        "ratio_to_burst": trace.get("ratio_to_burst"),
+    }
+
+
+def print_summary(console, traces: list[dict]) -> None:
+    from rich.table import Table
+
+    table = Table(title="modes side by side: classic stall, the same over gaps with speculative work "
+                        "(w/spec) and classic ITL p99 in ms; tokens/s; aggregate tokens/s x the legacy burst",
+                  box=None, pad_edge=False, padding=(0, 1), header_style="bold")
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col in ("scenario", "mode") else "right", no_wrap=True,
+                         min_width=len(col))
+    fmt = lambda v, spec="{:.1f}": "-" if v is None else spec.format(v)
+    for row in map(summary_row, traces):
+        table.add_row(row["scenario"], row["mode"], fmt(row["classic_stall_ms"]),
+                      fmt(row["classic_stall_spec_ms"]), fmt(row["classic_itl_p99_ms"]), fmt(row["spec_tok_s"]),
+                      fmt(row["aggregate_tok_s"]), fmt(row["ratio_to_burst"], "{:.3f}"))
+    console.print(table)
