@@ -151,11 +151,15 @@ class MlxBackend:
         if num_tokens < 1:
             return [[] for _ in rows]
         seqs = [self._seqs[seq_id] for seq_id, _ in rows]
-        for seq, (_, last) in zip(seqs, rows):
-            self._draft_catch_up(seq, [*seq.tokens, int(last)])
-        inputs = [[int(last)] for _, last in rows]
+        inputs = [self._draft_unread(seq, [*seq.tokens, int(last)]) for seq, (_, last) in zip(seqs, rows)]
+        if len({len(x) for x in inputs}) > 1:  # ragged catch-up: read it row by row first
+            for seq, unread in zip(seqs, inputs):
+                if len(unread) > 1:
+                    _forward_one(self.draft_model, seq.draft_cache, [unread[:-1]])
+                    seq.draft_tokens.extend(unread[:-1])
+            inputs = [x[-1:] for x in inputs]
         proposals: list[list[int]] = [[] for _ in rows]
-        batch = _Batch([s.draft_cache for s in seqs], num_tokens) if len(rows) > 1 else None
+        batch = _Batch([s.draft_cache for s in seqs], len(inputs[0]) + num_tokens) if len(rows) > 1 else None
         for _ in range(num_tokens):
             logits = (batch.forward(self.draft_model, inputs) if batch
                       else _forward_one(self.draft_model, seqs[0].draft_cache, inputs))
@@ -255,9 +259,9 @@ class MlxBackend:
             self._seqs[seq_id].cache = cache
         self._resident, self._resident_ids = None, ()
 
-    def _draft_catch_up(self, seq: _Sequence, context: list[int]) -> None:
-        """Make the drafter cache hold exactly context[:-1]: trim what the target rejected,
-        read what it has not seen (row by row, so the batched draft steps all start at [last])."""
+    def _draft_unread(self, seq: _Sequence, context: list[int]) -> list[int]:
+        """Trim the drafter cache to its longest prefix of `context` (dropping what the target
+        rejected); return the rest, which the first draft step reads (always at least `last`)."""
         if seq.draft_cache is None:
             seq.draft_cache, seq.draft_tokens = _new_cache(self.draft_model), []
         common, limit = 0, min(len(seq.draft_tokens), len(context) - 1)
@@ -268,11 +272,7 @@ class MlxBackend:
             for c in seq.draft_cache:
                 c.trim(stale)
             del seq.draft_tokens[common:]
-        behind = context[common:-1]
-        if behind:
-            self.draft_model(mx.array([behind]), cache=seq.draft_cache)
-            mx.eval([c.state for c in seq.draft_cache])
-            seq.draft_tokens.extend(behind)
+        return context[common:]
 
     def _sample(self, seqs: Sequence[_Sequence], logits: mx.array, positions: Sequence[int]) -> list[int]:
         """Greedy rows exactly as generate_step. Temperature rows draw with a key of (seed, context

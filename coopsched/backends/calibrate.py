@@ -1,0 +1,264 @@
+"""`coopsched calibrate`: measure the MLX backend and write a mock cost profile.
+
+Medians of real calls: prefill vs prompt length (with and without the drafter),
+decode step vs batch size, draft per token, verify vs width. The JSON has the
+field names of mocks.cost.CostModel. A concurrency2-like run then compares the
+calibrated mock (virtual time) with the MLX backend (real time).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from coopsched.core.request import SamplingParams
+
+PREFILL_LENGTHS = (8, 32, 128)
+DECODE_BATCHES = (1, 2, 4, 8)
+WINDOW_ROWS = (2, 4, 8)
+CONTEXT = 32  # prompt tokens behind every decode, draft and verify measurement
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def _prompt(n: int, offset: int = 0) -> list[int]:
+    return [32 + (offset + 7 * i) % 90 for i in range(n)]
+
+
+class _Points:
+    """Measurement points sampled round-robin, so load from elsewhere on the machine
+    spreads over all of them instead of skewing whichever ran during it."""
+
+    def __init__(self) -> None:
+        self.points: dict[str, Callable[[], list[float]]] = {}
+
+    def add(self, label: str, sample: Callable[[], list[float]]) -> None:
+        self.points[label] = sample
+
+    def run(self, repeats: int, advance: Callable[[str], None]) -> dict[str, float]:
+        samples: dict[str, list[float]] = {label: [] for label in self.points}
+        for sample in self.points.values():  # warm-up: first-call allocations, lazy loads
+            sample()
+        for i in range(repeats):
+            for label, sample in self.points.items():
+                samples[label].extend(sample())
+            advance(f"round {i + 1}/{repeats}")
+        return {label: statistics.median(xs) for label, xs in samples.items()}
+
+
+def measure(backend, block_size: int = 4, repeats: int = 15, advance: Callable[[str], None] | None = None) -> dict:
+    """A cost profile (CostModel fields) measured on `backend` (an MlxBackend with a drafter).
+
+    Medians; decode and verify are then made non-decreasing in size (more work never costs
+    less; a dip is noise).
+    """
+    advance = advance or (lambda _label: None)
+    params = SamplingParams()
+    seq_ids = iter(f"cal{i}" for i in range(1_000_000))
+    points = _Points()
+    live: list[str] = []
+
+    def prefill_point(n: int, with_draft: bool):
+        def sample():
+            seq_id = next(seq_ids)
+            ms = _timed(lambda: backend.prefill(seq_id, _prompt(n), params, with_draft))
+            backend.release(seq_id)
+            return [ms]
+        return sample
+
+    for n in PREFILL_LENGTHS:
+        points.add(f"prefill {n}", prefill_point(n, False))
+        points.add(f"prefill+draft {n}", prefill_point(n, True))
+
+    def start(num_rows: int, with_draft: bool, offset: int = 0) -> list[list]:
+        ids = [next(seq_ids) for _ in range(num_rows)]
+        live.extend(ids)
+        return [[s, backend.prefill(s, _prompt(CONTEXT, offset + i), params, with_draft)]
+                for i, s in enumerate(ids)]
+
+    def decode_point(rows: list[list]):
+        def step():  # the batch really advances, as classic decoding does
+            for row, token in zip(rows, backend.decode([tuple(r) for r in rows])):
+                row[1] = token
+        def sample():
+            step()  # untimed: another point may have broken up this batch since its last visit
+            return [_timed(step) for _ in range(3)]
+        return sample
+
+    for batch in DECODE_BATCHES:
+        points.add(f"decode {batch}", decode_point(start(batch, False)))
+
+    num_drafts = block_size - 1
+    (seq_id, last), = start(1, True, offset=50)
+    # Each call re-drafts from the same context: the drafter trims its own stale proposals.
+    points.add("draft", lambda: [_timed(lambda: backend.draft([(seq_id, last)], num_drafts)) / num_drafts])
+
+    def verify_point(rows: list[list], width: int):
+        def sample():
+            ms = _timed(lambda: backend.verify([(s, t, [t] * (width - 1)) for s, t in rows]))
+            for s, _ in rows:
+                backend.rewind(s, width)
+            return [ms]
+        return sample
+
+    for width in range(1, block_size + 1):  # B = 1: last + width-1 drafts
+        points.add(f"verify {width}", verify_point([[seq_id, last]], width))
+    for num_rows in WINDOW_ROWS:  # a window: num_rows rows of K positions
+        points.add(f"verify {num_rows * block_size}", verify_point(start(num_rows, True, 60), block_size))
+
+    ms = points.run(repeats, advance)
+    for s in live:
+        backend.release(s)
+    plain = [ms[f"prefill {n}"] for n in PREFILL_LENGTHS]
+    both = [ms[f"prefill+draft {n}"] for n in PREFILL_LENGTHS]
+    per_token, fixed = np.polyfit(PREFILL_LENGTHS, plain, 1)
+    draft_prefill = np.polyfit(PREFILL_LENGTHS, np.subtract(both, plain), 1)[0]
+    widths = [*range(1, block_size + 1), *(r * block_size for r in WINDOW_ROWS)]
+    return {
+        "prefill_fixed_ms": round(max(float(fixed), 0.0), 4),
+        "prefill_per_token_ms": round(max(float(per_token), 0.0), 5),
+        "draft_prefill_per_token_ms": round(max(float(draft_prefill), 0.0), 5),
+        "decode_ms": _monotone(DECODE_BATCHES, [ms[f"decode {b}"] for b in DECODE_BATCHES]),
+        "draft_per_token_ms": round(ms["draft"], 4),
+        "verify_ms": _monotone(widths, [ms[f"verify {w}"] for w in widths]),
+    }
+
+
+def _monotone(sizes, values) -> list[list[float]]:
+    return [[size, round(float(v), 4)] for size, v in zip(sizes, np.maximum.accumulate(values))]
+
+
+# -- the calibrated mock against the MLX backend, on a concurrency2-like run ---------------
+def concurrency2_requests(prompt_of: Callable[[int, int], list[int]] = _prompt):
+    from coopsched.core.request import Request
+
+    return [Request("classic", tuple(prompt_of(16, 1)), max_tokens=128, speculative=False, arrival_ms=0),
+            Request("spec", tuple(prompt_of(32, 2)), max_tokens=96, arrival_ms=40)]
+
+
+def _run_stats(backend, clock) -> dict:
+    from coopsched.core.config import SchedulerConfig
+    from coopsched.core.scheduler import Scheduler
+    from coopsched.engine import Engine
+
+    scheduler = Scheduler(SchedulerConfig(mode="slice"), backend)
+    times: dict[str, list[float]] = {}
+
+    def record(event) -> None:
+        times.setdefault(event.seq_id, []).extend([event.time_ms] * len(event.token_ids))
+    result = Engine(scheduler, clock, on_event=record).run(concurrency2_requests())
+    walls = lambda kind: [t.end_ms - t.start_ms for t in result.ticks if t.action == kind]
+    classic = times.get("classic", [])
+    obs = scheduler.obs
+    return {"round_ms": walls("spec_round"), "decode_ms": walls("decode"),
+            "classic_itl_ms": [b - a for a, b in zip(classic, classic[1:])],
+            "acceptance": obs.accepted_tokens / obs.drafted_tokens if obs.drafted_tokens else 0.0}
+
+
+def _summary(samples: list[float]) -> dict:
+    if not samples:
+        return {"mean": None, "p99": None}
+    return {"mean": round(float(np.mean(samples)), 4), "p99": round(float(np.percentile(samples, 99)), 4)}
+
+
+def calibration_error(profile: dict, backend) -> dict:
+    """Mean and p99 of round time, decode step and classic ITL (the stall): MLX vs the calibrated
+    mock, and the mock's relative error (mock / mlx - 1)."""
+    from coopsched.clock import ManualClock, RealClock
+    from mocks import CostModel, MockBackend, MockDrafter
+
+    real = _run_stats(backend, RealClock())
+    clock = ManualClock()
+    cost = CostModel(**{k: v for k, v in profile.items() if k in CostModel.__dataclass_fields__})
+    mock = MockBackend(clock, cost, drafter=MockDrafter(real["acceptance"]))
+    virtual = _run_stats(mock, clock)
+    out = {"acceptance": round(real["acceptance"], 4)}
+    for metric in ("round_ms", "decode_ms", "classic_itl_ms"):
+        mlx_s, mock_s = _summary(real[metric]), _summary(virtual[metric])
+        error = {k: (round(mock_s[k] / mlx_s[k] - 1, 4) if mlx_s[k] and mock_s[k] is not None else None)
+                 for k in ("mean", "p99")}
+        out[metric] = {"mlx": mlx_s, "mock": mock_s, "error": error}
+    return out
+
+
+# -- command line -------------------------------------------------------------
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", type=Path, metavar="DIR", help="MLX target (default: tiny, built once)")
+    parser.add_argument("--draft-model", type=Path, metavar="DIR", help="MLX drafter (default: tiny, built once)")
+    parser.add_argument("--out", type=Path, required=True, metavar="PROFILE.json", help="cost profile to write")
+    parser.add_argument("--size", choices=("s", "m", "l"), default="s",
+                        help="size of the tiny models built when no --model is given (default s)")
+    parser.add_argument("--block-size", type=int, default=4, help="K of the measured rounds (default 4)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls per point (median; default 15)")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip the concurrency2 comparison of the calibrated mock with MLX")
+
+
+def main(args) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .mlx_backend import MlxBackend
+    from .model_build import ensure_tiny_models
+
+    console = Console(stderr=True)
+    if (args.model is None) != (args.draft_model is None):
+        console.print("[red]error:[/] give --model and --draft-model together (the draft cost is part "
+                      "of the profile), or neither to use the tiny models")
+        return 2
+    if args.block_size < 2 or args.repeats < 1:
+        console.print(f"[red]error:[/] --block-size {args.block_size} must be >= 2 and --repeats {args.repeats} >= 1")
+        return 2
+    steps = 1 + args.repeats + (0 if args.no_check else 1)
+    with Progress(console=console, transient=False) as progress:
+        task = progress.add_task("loading models", total=steps)
+        advance = lambda label: progress.update(task, advance=1, description=label)
+        model_dir, draft_dir = args.model, args.draft_model
+        if model_dir is None:
+            model_dir, built = ensure_tiny_models(size=args.size,
+                                                  progress=lambda m: progress.update(task, description=m))
+            draft_dir = draft_dir or built
+        try:
+            backend = MlxBackend(model_dir, draft_dir)
+        except FileNotFoundError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            return 2
+        advance("measuring")
+        profile = measure(backend, args.block_size, args.repeats, advance)
+        check = None
+        if not args.no_check:
+            progress.update(task, description="concurrency2: MLX vs calibrated mock")
+            check = calibration_error(profile, backend.fresh())
+            advance("done")
+    document = {**profile, "calibrated": {"model": str(Path(model_dir).resolve()),
+                                          "draft_model": str(Path(draft_dir).resolve()),
+                                          "block_size": args.block_size, "repeats": args.repeats}}
+    if check:
+        document["check_concurrency2"] = check
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    out = Console()
+    out.print(f"wrote {args.out}: decode {profile['decode_ms']}, verify {profile['verify_ms']}, "
+              f"draft/token {profile['draft_per_token_ms']} ms, prefill {profile['prefill_fixed_ms']} + "
+              f"{profile['prefill_per_token_ms']}/token ms")
+    if check:
+        table = Table(title=f"concurrency2: calibrated mock vs MLX (acceptance {check['acceptance']})")
+        for col in ("metric", "mlx mean", "mock mean", "error", "mlx p99", "mock p99", "error p99"):
+            table.add_column(col, justify="left" if col == "metric" else "right")
+        pct = lambda x: "-" if x is None else f"{x:+.1%}"
+        for metric in ("round_ms", "decode_ms", "classic_itl_ms"):
+            m = check[metric]
+            table.add_row(metric, str(m["mlx"]["mean"]), str(m["mock"]["mean"]), pct(m["error"]["mean"]),
+                          str(m["mlx"]["p99"]), str(m["mock"]["p99"]), pct(m["error"]["p99"]))
+        out.print(table)
+    return 0
