@@ -1,16 +1,18 @@
 """Cost mode: a cost-aware arbiter that bounds the HOL stall in milliseconds, not ticks.
 
 It learns what actions cost from the tick walls the engine passes to commit (it
-never reads a clock). Before each tick, while classic rows run, it picks the
-widest speculative round (K in [2, block_size]) that still lets every running
-classic row get its next token within `hol_budget_ms` of its last one, so several
-rounds may run between two decode steps; if none fits, the classic rows are
-served. With no classic work, speculation runs back to back at the configured K.
+never reads a clock) and the acceptance rate from the rounds' counters. Before
+each tick, while classic rows run, it runs another speculative round only if it
+still lets every running classic row get its next token within `hol_budget_ms`
+of its last one, so several rounds may run between two decode steps; among the
+widths K in [2, block_size] that fit it takes the one with the most expected
+tokens per ms (an unmeasured width that fits is tried first: its bound is safe).
+With no classic work, speculation runs back to back, no budget.
 
 Unmeasured costs: at most one speculative action per classic gap (a probe, at the
-smallest K), so the arbiter is never worse than strict alternation. A budget below
-the floor (one decode + the smallest round) cannot be met: the arbiter then
-alternates at the smallest K rather than starve the speculative request.
+smallest K, right after a classic service), so the arbiter is never worse than
+strict alternation. A budget below the floor (one decode + the smallest round)
+cannot be met: the arbiter then alternates at the smallest K rather than starve.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class CostEstimator:
     def __init__(self) -> None:
         self._points: dict[tuple[int, ...], float] = {}
 
+    def __contains__(self, size: tuple[int, ...]) -> bool:
+        return size in self._points
+
     def observe(self, size: tuple[int, ...], ms: float) -> None:
         self._points[size] = max(self._points.get(size, 0.0), ms)
 
@@ -60,16 +65,19 @@ class Arbiter:
         self.round = CostEstimator()            # (K, rows)
         self.slice0 = CostEstimator()           # (prompt tokens of the job,)
         self.now_ms = 0.0                       # end of the last committed tick
+        self.num_accepted = 0                   # drafts accepted, and rounds that hit a miss:
+        self.num_missed = 0                     # per-draft acceptance ~ accepted / (accepted + missed)
+        self.k_log: list[int] = []              # K of every round run (reports, tests)
         self._tick = 0
         self._served: dict[str, tuple[int, float]] = {}  # classic row -> (tick, time) of its last token
         self._last_spec_tick = -1
-        self._plan: tuple[str, int] | None = None         # what the running spec tick is: (kind, K)
-        self.k_log: list[int] = []              # K of every round run (reports)
+        self._plan: tuple[str, int] | None = None         # the running spec tick: (kind, K)
+        self._seen_accepted: dict[str, int] = {}
 
     # -- deciding -------------------------------------------------------------
     def decide(self, state: TickState, sched: "Scheduler") -> ActionKind:
         running = sched.running[: state.max_batch_size]
-        oldest = min((self._served_tick(r.id) for r in running), default=self._tick)
+        oldest = min((self._served[r.id][0] for r in running if r.id in self._served), default=self._tick)
         spec_in_gap = bool(running) and self._last_spec_tick > oldest
         if not state.has_spec_work and not spec_in_gap:
             return decide_action(state)
@@ -77,8 +85,10 @@ class Arbiter:
         if not running:
             if can_admit or state.has_parked_prefill:
                 return ActionKind.PREFILL
-            self.k = self.max_k  # no one waits: back to back at full width
-            return ActionKind.SPEC_ROUND if state.has_spec_work else ActionKind.IDLE
+            if not state.has_spec_work:
+                return ActionKind.IDLE
+            self.k = self._choose_k(_num_rows(sched), float("inf")) or MIN_BLOCK_SIZE  # no one waits
+            return ActionKind.SPEC_ROUND
         if can_admit and not spec_in_gap:
             return ActionKind.PREFILL  # admissions go right after a classic service
         if state.has_spec_work and self._fit(sched, running, is_fresh=oldest == self._tick):
@@ -88,24 +98,24 @@ class Arbiter:
     def _fit(self, sched: "Scheduler", running, is_fresh: bool) -> bool:
         """Whether a speculative action fits before the next decode; sets `self.k`.
 
-        `is_fresh`: every running row got a token in the last tick (so nothing else is in this gap).
+        `is_fresh`: every running row got a token in the last tick (nothing else is in this gap).
         """
         decode = self.decode.estimate((len(running),))
         if decode is None:
             return False  # serve (and so measure) the classic rows first
-        waited = self.now_ms - min(self._served_time(r.id) for r in running)
+        waited = self.now_ms - min(self._served.get(r.id, (0, self.now_ms))[1] for r in running)
         spare = self.budget_ms - waited - decode
-        jobs = [sched.job] if sched.job is not None else list(sched.backlog)
+        jobs = _next_jobs(sched)
         if all(j.is_begun for j in jobs):
-            num_rows = max(len(j.live_rows) for j in jobs)
-            for k in range(self.max_k, MIN_BLOCK_SIZE - 1, -1):
-                cost = self.round.estimate((k, num_rows))
-                if cost is not None and cost <= spare + EPS_MS:
-                    self.k = k
-                    return True
+            num_rows = _num_rows(sched)
+            k = self._choose_k(num_rows, spare)
+            if k is not None:
+                self.k = k
+                return True
             smallest = self.round.estimate((MIN_BLOCK_SIZE, num_rows))
-        else:  # a granted waiter's slice 0 (a prefill of its prompt)
-            costs = [self._slice0_cost(j) for j in jobs]
+        else:  # a granted waiter's slice 0 (a prefill of its prompt), or a begun job at full K
+            costs = [self.slice0.estimate((_prompt_tokens(j),)) if not j.is_begun
+                     else self.round.estimate((self.max_k, len(j.live_rows))) for j in jobs]
             smallest = None if None in costs else max(costs)
             if smallest is not None and smallest <= spare + EPS_MS:
                 self.k = self.max_k
@@ -114,16 +124,24 @@ class Arbiter:
         never_fits = smallest is None or smallest + decode > self.budget_ms + EPS_MS
         return never_fits and is_fresh  # a probe, or the floor: once, right after a classic service
 
-    def _slice0_cost(self, job: "SpecJob") -> float | None:
-        if job.is_begun:
-            return self.round.estimate((self.max_k, len(job.live_rows)))
-        return self.slice0.estimate((sum(len(r.prompt_token_ids) for r in job.rows),))
+    def _choose_k(self, num_rows: int, spare_ms: float) -> int | None:
+        """The widest unmeasured K that fits, else the fitting K with the most expected tokens per ms."""
+        fitting = []
+        for k in range(MIN_BLOCK_SIZE, self.max_k + 1):
+            cost = self.round.estimate((k, num_rows))
+            if cost is not None and cost <= spare_ms + EPS_MS:
+                fitting.append((k, cost))
+        unmeasured = [k for k, _ in fitting if (k, num_rows) not in self.round]
+        if unmeasured:
+            return max(unmeasured)
+        if not fitting:
+            return None
+        return max(fitting, key=lambda kc: (self.expected_tokens(kc[0]) / max(kc[1], EPS_MS), kc[0]))[0]
 
-    def _served_tick(self, seq_id: str) -> int:
-        return self._served.get(seq_id, (self._tick, self.now_ms))[0]
-
-    def _served_time(self, seq_id: str) -> float:
-        return self._served.get(seq_id, (self._tick, self.now_ms))[1]
+    def expected_tokens(self, k: int) -> float:
+        """Tokens one round of width K emits if each draft is accepted with the measured rate."""
+        a = (self.num_accepted + 1) / (self.num_accepted + self.num_missed + 2)  # prior: 1/2
+        return float(k) if a >= 1.0 else (1.0 - a ** k) / (1.0 - a)
 
     # -- learning -------------------------------------------------------------
     def start_round(self, job: "SpecJob") -> None:
@@ -144,16 +162,40 @@ class Arbiter:
         if done.action is ActionKind.DECODE or done.detail == "admit":
             for seq_id in done.request_ids:
                 self._served[seq_id] = (self._tick, end_ms)
-        for seq_id in [s for s in self._served if s not in sched.requests]:
-            del self._served[seq_id]  # rows finalized since
+        for book in (self._served, self._seen_accepted):
+            for seq_id in [s for s in book if s not in sched.requests]:
+                del book[seq_id]  # rows finalized since
+        plan, self._plan = self._plan, None
         if not done.spec_worked:
             return
         self._last_spec_tick = self._tick
-        is_round = done.action is ActionKind.SPEC_ROUND and self._plan is not None and self._plan[0] == "round"
-        if is_round:
-            self.round.observe((self._plan[1], len(done.spec_worked)), wall)
-            self.k_log.append(self._plan[1])
+        if done.action is ActionKind.SPEC_ROUND and plan is not None and plan[0] == "round":
+            self.round.observe((plan[1], len(done.spec_worked)), wall)
+            self.k_log.append(plan[1])
+            self._count_acceptance(sched, done.spec_worked, plan[1])
         elif done.detail in ("slice0", "window") or done.action is ActionKind.SPEC_ROUND:
             tokens = sum(len(sched.requests[i].prompt_token_ids) for i in done.spec_worked if i in sched.requests)
             self.slice0.observe((max(tokens, 1),), wall)
-        self._plan = None
+
+    def _count_acceptance(self, sched: "Scheduler", seq_ids, k: int) -> None:
+        for seq_id in seq_ids:
+            job = sched._jobs.get(seq_id)
+            if job is None:
+                continue
+            total = job.stats[seq_id].accepted
+            accepted, self._seen_accepted[seq_id] = total - self._seen_accepted.get(seq_id, 0), total
+            self.num_accepted += accepted
+            self.num_missed += accepted < k - 1
+
+
+def _next_jobs(sched: "Scheduler") -> list["SpecJob"]:
+    """The job the next speculative action serves (any backlog entry, if a grant is due)."""
+    return [sched.job] if sched.job is not None else list(sched.backlog)
+
+
+def _num_rows(sched: "Scheduler") -> int:
+    return max((len(j.live_rows) for j in _next_jobs(sched)), default=1) or 1
+
+
+def _prompt_tokens(job: "SpecJob") -> int:
+    return sum(len(r.prompt_token_ids) for r in job.rows)
