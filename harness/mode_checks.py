@@ -39,6 +39,14 @@ def fused_step_ms(run) -> float:
     return run.cost.draft(k - 1) + run.cost.decode(_num_classic_rows(run) + _widest_job(run) * k)
 
 
+def spec_action_ms(run, terms: Terms) -> tuple[float, str]:
+    """The longest speculative tick but slice 0: one round, or in fused mode a fused step
+    (which also decodes the classic rows, so it may outlast a lone round)."""
+    if run.config.mode == "fused":
+        return max(terms.round_ms, fused_step_ms(run)), "one round or fused step"
+    return terms.round_ms, "one round"
+
+
 def budget_floor_ms(run, terms: Terms) -> float:
     """The smallest classic gap with any speculation in it: a decode + the smallest round."""
     if run.cost is None:

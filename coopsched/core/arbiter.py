@@ -144,13 +144,15 @@ class Arbiter:
         return float(k) if a >= 1.0 else (1.0 - a ** k) / (1.0 - a)
 
     # -- learning -------------------------------------------------------------
-    def start_round(self, job: "SpecJob") -> None:
-        """Called as a SpeculativeRound starts: its K, and whether it is a round or a slice 0."""
+    def start_round(self, job: "SpecJob", detail: str) -> str:
+        """Called as a SpeculativeRound starts: sets its K; returns the tick's detail, "slice0"
+        for a granted waiter's slice 0 (an admission, as the bounds count it; fused mode too)."""
         if job.is_begun:
             job.block_size = self.k
             self._plan = ("round", self.k)
-        else:
-            self._plan = ("slice0", 0)
+            return detail
+        self._plan = ("slice0", 0)
+        return "slice0"
 
     def observe(self, done: "Executed", start_ms: float, end_ms: float, sched: "Scheduler") -> None:
         """Learn from one committed tick (before its finished rows are finalized)."""

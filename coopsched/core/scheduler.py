@@ -197,7 +197,7 @@ class Scheduler:
             detail = "grant"
         job = self.job
         if self.arbiter is not None:
-            self.arbiter.start_round(job)
+            detail = self.arbiter.start_round(job, detail)
         emissions = self._run_slice(job, job.step if job.is_begun else job.begin)
         return Executed(ActionKind.SPEC_ROUND, tuple(job.ids), detail, emissions,
                         spec_worked=list(job.last_worked))

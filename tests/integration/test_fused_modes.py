@@ -176,3 +176,36 @@ def test_fused_and_cost_traces_are_byte_reproducible():
     for mode in ("fused", "cost"):
         assert runner.dumps([runner.run_scenario(scen, mode, seed=2)]) == \
             runner.dumps([runner.run_scenario(scen, mode, seed=2)])
+
+
+# A profile shaped like `coopsched calibrate` on this kind of CPU (tiny MLX model): a forward costs
+# about the same whether it decodes or verifies, and width is cheap.
+CALIBRATED = CostModel(prefill_fixed_ms=1.554, prefill_per_token_ms=0.122, draft_prefill_per_token_ms=0.123,
+                       decode_ms=[[1, 1.203], [2, 1.471], [4, 2.016], [8, 2.898]], draft_per_token_ms=1.189,
+                       verify_ms=[[1, 1.233], [2, 1.508], [3, 1.662], [4, 1.919], [8, 3.051], [16, 5.086],
+                                  [32, 8.834]])
+
+
+def _calibrated(clock, scen, seed):
+    backend = runner.mock_backend(clock, scen, seed)
+    backend.cost = runner.scenario_cost(scen, seed, CALIBRATED)
+    return backend
+
+
+@pytest.mark.parametrize("budget", [8.0, 50.0])
+@pytest.mark.parametrize("mode", ["fused", "cost"])
+@pytest.mark.parametrize("name", scenario.available())
+def test_mode_bounds_hold_on_a_calibrated_profile(name, mode, budget):
+    trace = runner.run_scenario(scenario.load(name), mode, backend_factory=_calibrated,
+                                options={"hol_budget_ms": budget})
+    assert all(c["ok"] for c in trace["checks"]), [c for c in trace["checks"] if not c["ok"]]
+    if mode == "fused":
+        assert trace["ratio_to_burst"] >= 0.95
+
+
+@pytest.mark.parametrize("mode", ["fused", "cost"])
+def test_a_granted_waiters_slice0_is_labelled_an_admission(mode):
+    trace = runner.run_scenario(scenario.load("rotation"), mode, backend_factory=_calibrated,
+                                options={"hol_budget_ms": 8.0})
+    begins = [t for t in trace["ticks"] if t["action"] == "spec_round" and t["detail"] == "slice0"]
+    assert [t["request_ids"] for t in begins] == [["spec-b"]]  # the waiter's prefill, in its grant tick
