@@ -8,6 +8,7 @@ A client that disconnects cancels its request.
 from __future__ import annotations
 
 import asyncio
+import gc
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -28,6 +29,7 @@ MAX_BODY_BYTES = 1 << 20
 def create_app(host: EngineHost) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        gc.freeze()  # imports and the model are long-lived: keep them out of every GC pass
         host.start()
         try:
             yield
