@@ -8,7 +8,8 @@ Built from cost terms like every bound (DESIGN.md section 6):
   (+ the decode) already exceed it, or the budget is below the floor (a decode +
   the smallest round), which the arbiter cannot beat and then alternates at;
 - throughput: fused mode's aggregate tokens/s >= min_ratio (0.95) x the legacy
-  burst's in the same run; every mode's ratio is recorded for the tables.
+  burst's in the same run, gated in virtual time only (a real clock's ratio is
+  reported, as every wall-time figure); every mode's ratio is recorded for the tables.
 """
 
 from __future__ import annotations
@@ -103,5 +104,8 @@ def throughput_checks(run, burst) -> list[dict]:
     min_ratio = run.scenario.checks.get("throughput_vs_burst", {}).get("min_ratio", DEFAULT_MIN_RATIO)
     if ratio is None:
         return [check("throughput_vs_burst", None, None, None, note="no throughput to compare")]
+    if run.clock_kind != "virtual":  # wall time on a shared CPU is reported, never gated
+        return [check("throughput_vs_burst", None, None, None,
+                      note=f"real clock: ratio {ratio:.3f} reported in the table, not gated")]
     return [check("throughput_vs_burst", ratio >= min_ratio - EPS_MS, ratio, min_ratio,
                   note=f"aggregate tok/s {mine:.1f} vs legacy burst {legacy:.1f}")]

@@ -209,3 +209,14 @@ def test_a_granted_waiters_slice0_is_labelled_an_admission(mode):
                                 options={"hol_budget_ms": 8.0})
     begins = [t for t in trace["ticks"] if t["action"] == "spec_round" and t["detail"] == "slice0"]
     assert [t["request_ids"] for t in begins] == [["spec-b"]]  # the waiter's prefill, in its grant tick
+
+
+def test_throughput_is_gated_in_virtual_time_only():
+    scen = scenario.load("concurrency2")
+    burst = runner.execute(scen, runner.scenario_config(scen, "burst"))
+    slow = _as_mode(runner.execute(scen, runner.scenario_config(scen, "burst"), backend_factory=_slower(1.5)),
+                    "fused")
+    slow.clock_kind = "real"
+    (verdict,) = mode_checks.throughput_checks(slow, burst)
+    assert verdict.get("skipped") and "0.667" in verdict["note"]
+    assert slow.extra["ratio_to_burst"] == pytest.approx(1 / 1.5, rel=1e-3)
