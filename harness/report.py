@@ -153,13 +153,15 @@ def _verdicts(report: Report) -> list[tuple[bool, str, str]]:
     info = gate.baseline_info(report.baseline_dir)
     failed, gated = report.failed_checks, report.gate_failures
     new = sorted({f.key.rsplit("/", 1)[0] for f in report.findings if f.verdict == "new"})
+    better = sum(f.verdict == "better" for f in report.findings)
     base = f"baseline {(info.get('commit') or '?')[:10]}" if report.baseline else "no baseline committed"
     return [
         (not failed, "checks", f"{report.num_checks - len(failed)}/{report.num_checks} expectations hold across "
                                f"{len(report.traces)} runs" + (f"; FAILED: {', '.join(failed)}" if failed else "")),
         (not gated and bool(report.baseline), "regression gate",
          (f"{len(gated)} tracked metric(s) worse than the {base} by more than 1%" if gated else
-          f"every tracked metric within 1% of the {base}") + (f" (not gated yet: {', '.join(new)})" if new else "")),
+          f"every tracked metric within 1% of the {base}") + (f" (not gated yet: {', '.join(new)})" if new else "")
+         + (f"; {better} better than it: `coopsched report --update-baseline` locks them in" if better else "")),
         (True, "stall", headline(report)),
         (bool(report.runs), "history", f"{len(report.runs)} stored bench run(s) in the trends"),
     ]
