@@ -218,12 +218,13 @@ def main(args) -> int:
 
     console = Console(stderr=True)
     if args.noise is not None and args.from_dir is None:
-        console.print("[red]--noise needs --from TARGET_DIR[/red] (a drafter is a target plus noise)")
+        console.print("[red]error:[/red] --noise needs --from TARGET_DIR (a drafter is a target plus noise)",
+                      soft_wrap=True)
         return 2
     with console.status("building") as status:
         def progress(message: str) -> None:
             status.update(message)
-            console.log(message)
+            console.print(f"  {message}", highlight=False)
         try:
             if args.from_dir:
                 out = build_drafter(args.out, args.from_dir,
@@ -232,7 +233,7 @@ def main(args) -> int:
             else:
                 out = build_target(args.out, args.seed, args.size, progress)
         except (ValueError, FileNotFoundError, FileExistsError) as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
             return 2
     console.print(f"wrote {out}")
     return 0
