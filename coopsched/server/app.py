@@ -20,7 +20,7 @@ from coopsched.core.request import RequestError
 
 from . import protocol
 from .protocol import ApiError, CompletionParams, Envelope
-from .runtime import Delivery, EngineHost, Live, QueueFull
+from .runtime import Delivery, EngineHost, Live, ModelCallFailed, QueueFull
 from .stream import TextStream
 
 MAX_BODY_BYTES = 1 << 20
@@ -122,6 +122,8 @@ def _error_of(delivery: Delivery) -> ApiError:
         return exc
     if isinstance(exc, RequestError):
         return ApiError(400, str(exc), code="invalid_value")
+    if isinstance(exc, ModelCallFailed):
+        return ApiError(500, str(exc), code="model_error")
     return ApiError(500, f"the engine failed: {exc!r}", code="engine_failed")
 
 

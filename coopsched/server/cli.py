@@ -19,8 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("mock", "mlx"), default="mock")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    parser.add_argument("--model", type=Path, metavar="DIR", help="MLX target model directory")
-    parser.add_argument("--draft-model", type=Path, metavar="DIR", help="MLX draft model directory")
+    parser.add_argument("--model", type=Path, metavar="DIR",
+                        help="MLX target model directory (default: the tiny seeded pair, built once)")
+    parser.add_argument("--draft-model", type=Path, metavar="DIR",
+                        help="MLX draft model directory (none: every request is served classically)")
     parser.add_argument("--decode-ms", type=float, default=5.0, help="mock: one decode step (default 5)")
     parser.add_argument("--round-ms", type=float, default=30.0,
                         help="mock: one speculative round of K (default 30)")
@@ -55,13 +57,13 @@ def build_host(args: argparse.Namespace):
                      num_kv_slots=args.num_slots)
     if args.mode:
         overrides["mode"] = args.mode
-    if args.backend == "mlx" and args.draft_model is None:
-        overrides["has_drafter"] = False
-    config = gates.scheduler_config(**overrides)
     clock = RealClock()
     if args.backend == "mlx":
-        model = mlx_model(clock, args.model, args.draft_model)
+        model = mlx_model(args.model, args.draft_model)
+        overrides["has_drafter"] = model.backend.has_drafter
+        config = gates.scheduler_config(**overrides)
     else:
+        config = gates.scheduler_config(**overrides)
         from mocks import CostModel
         cost = CostModel.load(args.cost) if args.cost else CostModel.simple(
             args.decode_ms, args.round_ms, args.prefill_ms_per_token, config.block_size)

@@ -54,23 +54,21 @@ def mock_model(clock, cost, block_size: int, accept_prob: float = 0.7, seed: int
                        backend.detokenize, tokenizer.vocab_size, costs)
 
 
-def mlx_model(clock, model_dir: Path | None, draft_dir: Path | None) -> ServedModel:
-    """The MLX backend (coopsched.backends.mlx_backend) with its tokenizer's chat template."""
+def mlx_model(model_dir: Path | None, draft_dir: Path | None) -> ServedModel:
+    """The MLX backend (tiny models built once when no --model), with its tokenizer's chat template."""
     try:
         from coopsched.backends.mlx_backend import make_mlx_backend
     except ImportError as exc:
-        raise SystemExit(f"--backend mlx needs coopsched.backends.mlx_backend.make_mlx_backend "
-                         f"(and the mlx extra: pip install -e '.[mlx]'): {exc}") from exc
+        raise SystemExit(f"--backend mlx needs the mlx extra (pip install -e '.[mlx]'): {exc}") from exc
     backend = make_mlx_backend(model_dir, draft_dir)
-    tokenizer = getattr(backend, "tokenizer")
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's TokenizerWrapper wraps an HF tokenizer
+    hf = getattr(backend.tokenizer, "_tokenizer", backend.tokenizer)  # mlx-lm wraps an HF tokenizer
 
     def encode_chat(messages: list[dict]) -> list[int]:
         if getattr(hf, "chat_template", None):
             return list(hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
-        return list(hf.encode(plain_chat_template(messages)))
+        return backend.encode(plain_chat_template(messages))
 
-    name = Path(model_dir).name if model_dir else "coopsched-mlx"
-    aliases = (str(model_dir),) if model_dir else ()
-    return ServedModel(name, backend, lambda text: list(hf.encode(text)), encode_chat,
-                       backend.detokenize, int(getattr(backend, "vocab_size", len(hf))), None, aliases)
+    vocab_size = int(getattr(getattr(backend.model, "args", None), "vocab_size", 0) or len(hf))
+    aliases = tuple(str(p) for p in {model_dir, backend.model_dir} if p is not None)
+    return ServedModel(backend.model_dir.name, backend, backend.encode, encode_chat, backend.detokenize,
+                       vocab_size, None, aliases)

@@ -48,6 +48,10 @@ class QueueFull(Exception):
     pass
 
 
+class ModelCallFailed(RuntimeError):
+    """The backend failed on this request's rows; other requests carry on."""
+
+
 class EngineHost:
     def __init__(self, model: ServedModel, config: SchedulerConfig, clock, max_queue: int = 256) -> None:
         self.model = model
@@ -148,6 +152,11 @@ class EngineHost:
             record = self._bursts.pop(request.id, None)
             burst = record.to_json() if record is not None else None
         reason = event.finish_reason.value if event.finish_reason is not None else None
+        if reason == "error":  # a failed model call ended only this request: tokens so far, then the error
+            if event.token_ids:
+                self._deliver(live, Delivery(event.token_ids, event.time_ms))
+            self._deliver(live, Delivery(error=ModelCallFailed(request.error or "the model call failed")))
+            return
         self._deliver(live, Delivery(event.token_ids, event.time_ms, reason,
                                      served_speculatively=request.served_speculatively, burst=burst))
 
