@@ -27,6 +27,7 @@ class RequestState(enum.Enum):
 class FinishReason(str, enum.Enum):
     STOP = "stop"      # stop string, EOS, cancel or early bail
     LENGTH = "length"  # max_tokens reached
+    ERROR = "error"    # a model call failed for this request (Request.error says why)
 
 
 class RequestError(ValueError):

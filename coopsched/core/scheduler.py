@@ -15,6 +15,7 @@ from .backend import ModelBackend
 from .commit import commit_tokens
 from .config import SchedulerConfig
 from .dispatch import Route, dispatch, same_shape
+from .failures import BackendError, GuardedBackend, fail_tick
 from .fused import decide_fused, run_fused
 from .kv import KVSlotPool
 from .observability import BatchObservability, BurstFinalized, TickRecord
@@ -46,7 +47,7 @@ class Executed:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, backend: ModelBackend) -> None:
         self.config = config
-        self.backend = backend
+        self.backend = GuardedBackend(backend)  # a failed model call fails only its rows (failures.py)
         self.queue = PrefillQueue()
         self.running: list[Request] = []
         self.job: SpecJob | None = None
@@ -58,6 +59,7 @@ class Scheduler:
         self._jobs: dict[str, SpecJob] = {}      # speculative request id -> its job
         self._reaped: list[Emission] = []
         self._hol_accum: dict[str, float] = {}
+        self._partial: list[Emission] = []  # what this tick's slices emitted, should a later one fail
         self.arbiter = Arbiter(config.hol_budget_ms, config.block_size) if config.mode == "cost" else None
 
     # -- intake ---------------------------------------------------------------
@@ -109,16 +111,19 @@ class Scheduler:
 
     def execute(self, action: ActionKind) -> Executed:
         waiting = [r.id for r in self.running] + [r.id for r in self.queue]
-        if action is ActionKind.PREFILL:
-            done = self._prefill()
-        elif action is ActionKind.DECODE:
-            done = self._decode()
-        elif action is ActionKind.SPEC_ROUND:
-            done = self._spec_round()
-        elif action is ActionKind.FUSED:
-            done = run_fused(self)
-        else:
-            done = Executed(action)
+        try:
+            if action is ActionKind.PREFILL:
+                done = self._prefill()
+            elif action is ActionKind.DECODE:
+                done = self._decode()
+            elif action is ActionKind.SPEC_ROUND:
+                done = self._spec_round()
+            elif action is ActionKind.FUSED:
+                done = run_fused(self)
+            else:
+                done = Executed(action)
+        except BackendError as exc:
+            done = fail_tick(self, action, exc)
         if done.spec_worked:
             done.waiting = [i for i in waiting if i not in done.spec_worked and i not in done.request_ids]
         return done
@@ -134,7 +139,7 @@ class Scheduler:
                 self._flush_hol_waits(done.request_ids)
         elif done.action is not ActionKind.IDLE:
             self._flush_hol_waits()
-        emissions, self._reaped = self._reaped + done.emissions, []
+        emissions, self._reaped, self._partial = self._reaped + done.emissions, [], []
         events = [TokenEvent(e.seq_id, e.token_ids, end_ms, e.finish_reason) for e in _merge(emissions)
                   if e.token_ids or e.finish_reason is not None]
         for emission in emissions:
@@ -206,6 +211,7 @@ class Scheduler:
         """One slice of the active job, its counters, then finish or rotation expiry."""
         before = _totals(job)
         emissions = slice_fn(self.backend, self.backend.detokenize)
+        self._partial += emissions
         after = _totals(job)
         self.obs.rounds += after[0] - before[0]
         self.obs.drafted_tokens += after[1] - before[1]
@@ -261,6 +267,7 @@ class Scheduler:
             request.state = RequestState.FINISHED
             request.finish_reason = FinishReason.STOP
             self._reaped.append(Emission(request.id, (), FinishReason.STOP))
+        self.running = [r for r in self.running if not r.is_finished]  # or this tick decodes them
 
     def _finalize(self, request: Request) -> None:
         if request in self.running:

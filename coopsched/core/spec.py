@@ -80,16 +80,16 @@ class SpecJob:
         return len(self.rows) > 1
 
     def begin(self, backend: ModelBackend, detokenize: Detokenize) -> list[Emission]:
-        """Slice 0: prefill every row and sample its first token."""
-        self.is_begun = True
-        out = []
-        for request in self.rows:
+        """Slice 0: prefill every row, then commit each first token (a failed prefill commits none)."""
+        rows = self.live_rows
+        for request in rows:
             request.state = RequestState.SPECULATIVE
             request.served_speculatively = True
-            first = backend.prefill(request.id, request.prompt_token_ids, request.sampling, True)
-            out.append(_commit(request, [first], backend.eos_token_id, detokenize))
+        firsts = [backend.prefill(r.id, r.prompt_token_ids, r.sampling, True) for r in rows]
+        self.is_begun = True
+        out = [_commit(r, [first], backend.eos_token_id, detokenize) for r, first in zip(rows, firsts)]
         self.grant_slices += 1
-        self.last_worked = self.ids
+        self.last_worked = [r.id for r in rows]
         return out
 
     def step(self, backend: ModelBackend, detokenize: Detokenize) -> list[Emission]:
@@ -104,6 +104,8 @@ class SpecJob:
         rows = self.live_rows
         if not rows:
             return out
+        for request in rows:  # a job re-granted after rotation comes back from PARKED
+            request.state = RequestState.SPECULATIVE
         num_drafts = self.block_size - 1
         drafts = backend.draft([(r.id, r.last_token) for r in rows], num_drafts)
         targets = backend.verify([(r.id, r.last_token, d) for r, d in zip(rows, drafts)])

@@ -1,0 +1,242 @@
+"""Scheduler invariants checked after every tick (state machine and `coopsched simulate`).
+
+`Checked` drives one Scheduler tick by tick (schedule -> execute -> commit, as the
+engine does) over a `FaultyBackend` around a MockBackend in virtual time, and raises
+`InvariantError` naming the tick and the rule as soon as one breaks: KV slots add up
+and are held exactly by admitted requests, every live request is in exactly one
+place, one action (and at most one speculative job) per tick, strict alternation in
+slice mode, streamed tokens equal committed ones with one finish event each, finished
+outputs equal the mock's reference tokens, errors only where a fault hit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from coopsched.core import ActionKind, FinishReason, Request, RequestState, Scheduler
+from mocks.model import context_hash, extend_hash
+
+ADMITTED = (RequestState.RUNNING, RequestState.SPECULATIVE, RequestState.PARKED)
+ALLOWED_CALLS = {  # model calls each action may make (burst and slice 0 run inside Prefill)
+    ActionKind.IDLE: set(),
+    ActionKind.DECODE: {"decode"},
+    ActionKind.PREFILL: {"prefill", "draft", "verify"},
+    ActionKind.SPEC_ROUND: {"prefill", "draft", "verify"},
+    ActionKind.FUSED: {"prefill", "draft", "fused", "decode"},
+}
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def reference_tokens(mock, request: Request) -> list[int]:
+    """What the mock target alone generates for the request (EOS and stop strings end it)."""
+    prompt = list(request.prompt_token_ids)
+    context, h, out = list(prompt), context_hash(prompt), []
+    while len(out) < request.max_tokens:
+        token = mock.target.next_token(context, h, len(prompt), request.sampling.temperature,
+                                       request.sampling.seed)
+        if token == mock.eos_token_id:
+            break
+        out.append(token)
+        context.append(token)
+        h = extend_hash(h, token)
+        if request.stop and any(s in mock.detokenize(out) for s in request.stop):
+            break
+    return out
+
+
+class Checked:
+    """One scheduler, ticked and checked. `faulty` wraps `mock`; the scheduler runs on `faulty`."""
+
+    def __init__(self, scheduler: Scheduler, faulty, mock, clock) -> None:
+        self.scheduler, self.faulty, self.mock, self.clock = scheduler, faulty, mock, clock
+        self.submitted: dict[str, Request] = {}
+        self.streamed: dict[str, list[int]] = {}
+        self.finished: dict[str, FinishReason] = {}
+        self.doomed: set[str] = set()      # rows a raising fault hit: they must end in ERROR
+        self.num_ticks = 0
+        self.actions: Counter = Counter()
+        self.kv_full_ticks = 0
+        self._last_action: ActionKind | None = None
+        self._in_tick = False
+        self.cancelled_at: dict[str, int] = {}  # the last tick that may still emit tokens for it
+        self._num_fired = 0
+
+    # -- driving --------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        request.arrival_ms = self.clock.now()
+        self.scheduler.submit(request)
+        self.submitted[request.id] = request
+        self.streamed[request.id] = []
+
+    def cancel(self, seq_id: str) -> bool:
+        """Cancel between ticks, or from inside a model call (a disconnect mid-tick)."""
+        is_live = self.scheduler.cancel(seq_id)
+        if is_live:
+            self.cancelled_at.setdefault(seq_id, self.num_ticks + (1 if self._in_tick else 0))
+        return is_live
+
+    @property
+    def live_ids(self) -> list[str]:
+        return [i for i in self.submitted if i not in self.finished]
+
+    def step(self) -> None:
+        """One tick, exactly as Engine.step, then every invariant."""
+        sched = self.scheduler
+        self.faulty.take_calls()  # calls outside a tick (none expected) are not this tick's
+        action = sched.schedule()
+        classic_pending = bool(sched.running) or (len(sched.queue) > 0 and sched.kv.num_free > 0)
+        if len(sched.queue) > 0 and sched.kv.num_free == 0:
+            self.kv_full_ticks += 1
+        start = self.clock.now()
+        self._in_tick = True
+        try:
+            done = sched.execute(action)
+        finally:
+            self._in_tick = False
+        record, events = sched.commit(done, start, self.clock.now())
+        self.num_ticks += 1
+        self.actions[record.action] += 1
+        where = f"tick {self.num_ticks} ({record.action} {record.detail} {','.join(record.request_ids)})"
+        calls = self.faulty.take_calls()
+        self._check_action(action, record, calls, classic_pending, where)
+        self._collect_faults()
+        self._check_events(events, where)
+        self._check_doomed(where)
+        self.check_state(where)
+
+    def drain(self, max_ticks: int) -> None:
+        """Tick until every submitted request has finished (liveness)."""
+        for _ in range(max_ticks):
+            if not self.live_ids and not self.scheduler.has_work:
+                return
+            self.step()
+        raise InvariantError(f"no progress: {self.live_ids} still live after {max_ticks} more ticks")
+
+    # -- the rules ------------------------------------------------------------
+    def _fail(self, where: str, message: str) -> None:
+        raise InvariantError(f"{where}: {message}")
+
+    def _check_action(self, action, record, calls, classic_pending, where) -> None:
+        ran = ActionKind(record.action)
+        if ran is not action and (action, ran) != (ActionKind.FUSED, ActionKind.SPEC_ROUND):
+            self._fail(where, f"decided {action.value} but ran {record.action}")
+        kinds = Counter(kind for kind, _ in calls)
+        if not set(kinds) <= ALLOWED_CALLS.get(action, set()):
+            self._fail(where, f"{action.value} tick made model calls {dict(kinds)}")
+        spec_rows = {i for kind, ids in calls if kind in ("draft", "verify") for i in ids}
+        spec_rows |= {i for kind, ids in calls if kind == "fused" for i in ids if i in self.scheduler._jobs}
+        jobs = {id(self.scheduler._jobs[i]) for i in spec_rows if i in self.scheduler._jobs}
+        if len(jobs) > 1:
+            self._fail(where, f"rows of {len(jobs)} speculative jobs drafted in one tick")
+        sliced = self.scheduler.config.is_sliced
+        if sliced and (kinds["draft"] > 1 or kinds["verify"] + kinds["fused"] > 1):
+            self._fail(where, f"more than one speculative round in a sliced tick: {dict(kinds)}")
+        if (sliced and self.scheduler.config.mode == "slice" and classic_pending
+                and action is ActionKind.SPEC_ROUND and self._last_action is ActionKind.SPEC_ROUND):
+            self._fail(where, "a classic row with pending work waited two speculative rounds in a row")
+        if action is not ActionKind.IDLE:
+            self._last_action = action
+
+    def _check_events(self, events, where) -> None:
+        for event in events:
+            seq_id = event.seq_id
+            if seq_id not in self.submitted:
+                self._fail(where, f"event for unknown request {seq_id!r}")
+            if seq_id in self.finished:
+                self._fail(where, f"event for {seq_id!r} after its finish ({self.finished[seq_id].value})")
+            if event.token_ids and self.num_ticks > self.cancelled_at.get(seq_id, self.num_ticks):
+                self._fail(where, f"{seq_id} emitted {len(event.token_ids)} token(s) after its cancel "
+                                  f"took effect (cancelled by tick {self.cancelled_at[seq_id]})")
+            self.streamed[seq_id].extend(event.token_ids)
+            if event.finish_reason is not None:
+                self.finished[seq_id] = event.finish_reason
+        for seq_id in {e.seq_id for e in events}:
+            request = self.submitted[seq_id]
+            if self.streamed[seq_id] != request.output_token_ids:
+                self._fail(where, f"{seq_id}: streamed {self.streamed[seq_id]} != committed "
+                                  f"{request.output_token_ids}")
+            if seq_id in self.finished:
+                self._check_finished(request, where)
+
+    def _check_finished(self, request: Request, where: str) -> None:
+        reason = self.finished[request.id]
+        if request.finish_reason is not reason or not request.is_finished:
+            self._fail(where, f"{request.id}: finish event {reason.value} but request is "
+                              f"{request.state.value}/{request.finish_reason}")
+        if reason is FinishReason.ERROR and request.id not in self.doomed:
+            self._fail(where, f"{request.id} ended in error but no fault hit it: {request.error}")
+        expected = reference_tokens(self.mock, request)
+        out = request.output_token_ids
+        if request.is_cancelled or reason is FinishReason.ERROR:
+            if out != expected[: len(out)]:
+                self._fail(where, f"{request.id}: output {out} is not a prefix of the reference {expected}")
+        elif out != expected:
+            self._fail(where, f"{request.id}: output {out} != reference {expected} ({reason.value})")
+        if reason is FinishReason.LENGTH and len(out) != request.max_tokens:
+            self._fail(where, f"{request.id}: length finish with {len(out)}/{request.max_tokens} tokens")
+
+    def _collect_faults(self) -> None:
+        for fault, rows in self.faulty.fired[self._num_fired:]:
+            if fault.kind == "raise":
+                self.doomed.add(rows[0] if fault.seq_id == "*" else fault.seq_id)
+            elif fault.kind == "generic":
+                self.doomed.update(rows)
+        self._num_fired = len(self.faulty.fired)
+
+    def _check_doomed(self, where) -> None:
+        for seq_id in self.doomed:
+            if self.finished.get(seq_id) is not FinishReason.ERROR:
+                self._fail(where, f"{seq_id}: a model call failed for it but it is "
+                                  f"{self.finished.get(seq_id, 'still live')}, not finished with an error")
+
+    def check_state(self, where: str = "state") -> None:
+        sched = self.scheduler
+        kv = sched.kv
+        if kv.num_in_use + kv.num_free != kv.num_slots:
+            self._fail(where, f"KV slots: {kv.num_in_use} in use + {kv.num_free} free != {kv.num_slots}")
+        places: Counter = Counter()
+        states = {}
+        for request in sched.queue:
+            places[request.id] += 1
+            states[request.id] = RequestState.WAITING
+        for request in sched.running:
+            places[request.id] += 1
+            states[request.id] = RequestState.RUNNING
+        jobs = [sched.job] if sched.job is not None else []
+        for job in [*jobs, *sched.backlog]:
+            for request in job.live_rows:
+                places[request.id] += 1
+                states[request.id] = RequestState.SPECULATIVE if job is sched.job else RequestState.PARKED
+        if sched.job is not None and any(sched.job is j for j in sched.backlog):
+            self._fail(where, "the active speculative job is also parked in the backlog")
+        if sched.job is not None and not sched.job.live_rows:
+            self._fail(where, "an active speculative job with no live rows")
+        for seq_id, request in sched.requests.items():
+            if request.is_finished:
+                self._fail(where, f"{seq_id} finished but still live in the scheduler")
+            if places[seq_id] != 1:
+                self._fail(where, f"{seq_id} ({request.state.value}) is in {places[seq_id]} places")
+            if request.state is not states[seq_id]:
+                self._fail(where, f"{seq_id} is {request.state.value} but sits where "
+                                  f"{states[seq_id].value} requests sit")
+            if kv.holds(seq_id) != (request.state in ADMITTED):
+                self._fail(where, f"{seq_id} ({request.state.value}) holds_slot={kv.holds(seq_id)}")
+        if set(places) != set(sched.requests):
+            self._fail(where, f"requests placed but not live: {sorted(set(places) - set(sched.requests))}")
+        if len(sched.running) > sched.config.max_batch_size:
+            self._fail(where, f"{len(sched.running)} classic rows > max_batch_size")
+        live_caches = set(getattr(self.mock, "_seqs", {}))
+        if not live_caches <= set(sched.requests):
+            self._fail(where, f"backend caches leaked for {sorted(live_caches - set(sched.requests))}")
+        for seq_id in self.finished:
+            if seq_id in sched.requests or kv.holds(seq_id):
+                self._fail(where, f"{seq_id} finished but still holds a slot or a place")
+
+    def summary(self) -> dict:
+        reasons = Counter(r.value for r in self.finished.values())
+        return {"ticks": self.num_ticks, "requests": len(self.submitted), "finished": dict(reasons),
+                "actions": dict(self.actions), "kv_full_ticks": self.kv_full_ticks,
+                "faults": Counter(f"{f.kind}:{f.call}" for f, _ in self.faulty.fired)}

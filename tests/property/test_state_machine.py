@@ -1,0 +1,119 @@
+"""A hypothesis state machine over Scheduler + MockBackend in virtual time.
+
+Rules submit classic or speculative requests (random lengths, acceptance scripts,
+priorities, stop strings), cancel, disconnect inside a model call (mid-round, between
+draft and verify), make a model call fail for one request, change arrival pressure and
+tick. Every tick is checked by harness.invariants (KV accounting, one place per request,
+one action and one job per tick, slice alternation, streamed == committed == reference).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
+
+from coopsched.clock import ManualClock
+from coopsched.core import MODES, Priority, Request, RequestError, SamplingParams, Scheduler, SchedulerConfig
+from harness.faults import ANY, Fault, FaultyBackend
+from harness.invariants import Checked, InvariantError
+from mocks import CostModel, MockBackend, MockDrafter, MockTarget
+
+CALLS = ("prefill", "decode", "draft", "verify", "fused")
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    FAULTS = True
+
+    @initialize(mode=st.sampled_from(MODES), max_batch_size=st.integers(1, 4),
+                num_kv_slots=st.integers(1, 6), slot_tokens=st.integers(6, 24),
+                block_size=st.integers(2, 5), grant_rounds=st.integers(0, 3),
+                enable_batch=st.booleans(), backlog_cap=st.integers(1, 3),
+                eos_rate=st.sampled_from([0.0, 0.0, 0.08]), accept_prob=st.sampled_from([0.0, 0.5, 0.9]))
+    def setup(self, mode, max_batch_size, num_kv_slots, slot_tokens, block_size, grant_rounds,
+              enable_batch, backlog_cap, eos_rate, accept_prob):
+        config = SchedulerConfig(mode=mode, max_batch_size=max_batch_size, num_kv_slots=num_kv_slots,
+                                 slot_tokens=slot_tokens, block_size=block_size,
+                                 grant_rounds=grant_rounds, enable_batch=enable_batch,
+                                 backlog_cap=backlog_cap)
+        clock = ManualClock()
+        self.drafter = MockDrafter(accept_prob, seed=0, scripts={})
+        mock = MockBackend(clock, CostModel.simple(5.0, 30.0, 0.2, block_size),
+                           MockTarget(eos_rate=eos_rate), self.drafter)
+        faulty = FaultyBackend(mock, on_disconnect=lambda seq_id: self.checked.cancel(seq_id))
+        self.checked = Checked(Scheduler(config, faulty), faulty, mock, clock)
+        self.pressure = 0
+        self.next_id = 0
+
+    def _new_request(self, speculative, prompt_len, max_tokens, priority, stop, temperature) -> None:
+        seq_id = f"r{self.next_id}"
+        self.next_id += 1
+        prompt = tuple(65 + (self.next_id * 7 + j) % 26 for j in range(prompt_len))
+        request = Request(seq_id, prompt, max_tokens, SamplingParams(temperature, seed=self.next_id),
+                          stop=stop, speculative=speculative, priority=priority)
+        try:
+            self.checked.submit(request)
+        except RequestError:
+            assert prompt_len + max_tokens > self.checked.scheduler.kv.slot_tokens
+
+    @rule(speculative=st.booleans(), prompt_len=st.integers(1, 8), max_tokens=st.integers(1, 12),
+          script=st.lists(st.integers(0, 4), max_size=4), priority=st.sampled_from(list(Priority)),
+          stop=st.sampled_from([(), (), ("a",), ("xy", "Q")]), temperature=st.sampled_from([0.0, 0.7]))
+    def submit(self, speculative, prompt_len, max_tokens, script, priority, stop, temperature):
+        self.drafter.scripts[f"r{self.next_id}"] = script
+        self._new_request(speculative, prompt_len, max_tokens, priority, stop, temperature)
+
+    @precondition(lambda self: self.checked.live_ids)
+    @rule(data=st.data())
+    def cancel(self, data):
+        self.checked.cancel(data.draw(st.sampled_from(self.checked.live_ids), label="cancel"))
+
+    @precondition(lambda self: self.checked.live_ids)
+    @rule(data=st.data(), call=st.sampled_from(CALLS))
+    def disconnect(self, data, call):
+        """The client vanishes inside the next `call` that includes the request."""
+        seq_id = data.draw(st.sampled_from(self.checked.live_ids), label="disconnect")
+        self.checked.faulty.arm(Fault("disconnect", call, seq_id))
+
+    @precondition(lambda self: self.FAULTS and self.checked.live_ids)
+    @rule(data=st.data(), call=st.sampled_from(CALLS), kind=st.sampled_from(["raise", "generic"]))
+    def backend_error(self, data, call, kind):
+        """The next `call` that includes the request fails (named, or for every row of it)."""
+        seq_id = data.draw(st.sampled_from(self.checked.live_ids), label="fails")
+        self.checked.faulty.arm(Fault(kind, call, seq_id))
+
+    @precondition(lambda self: self.FAULTS)
+    @rule()
+    def drafter_raises(self):
+        self.checked.faulty.arm(Fault("generic", "draft", ANY))
+
+    @rule(pressure=st.integers(0, 2))
+    def set_pressure(self, pressure):
+        self.pressure = pressure
+
+    @rule(num_ticks=st.integers(1, 6))
+    def tick(self, num_ticks):
+        for _ in range(num_ticks):
+            for _ in range(self.pressure):
+                self._new_request(self.next_id % 2 == 0, 1 + self.next_id % 5, 1 + self.next_id % 7,
+                                  Priority.NORMAL, (), 0.0)
+            self.checked.step()
+
+    @rule()
+    def drain(self):
+        self.checked.drain(max_ticks=2000)
+
+    @invariant()
+    def state_is_consistent(self):
+        if hasattr(self, "checked"):
+            self.checked.check_state("between rules")
+
+    def teardown(self):
+        if hasattr(self, "checked"):
+            self.checked.faulty.faults.clear()
+            self.checked.drain(max_ticks=2000)
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase  # settings: the HYPOTHESIS_PROFILE (tests/conftest.py)
