@@ -199,7 +199,7 @@ class Scheduler:
         if self.job is None:
             self.job = self.backlog.grant()
             self.obs.grant_log.append(",".join(self.job.ids))
-            detail = "grant"
+            detail = "grant" if self.job.is_begun else "slice0"  # a waiter's slice 0 is its admission
         job = self.job
         if self.arbiter is not None:
             detail = self.arbiter.start_round(job, detail)
