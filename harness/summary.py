@@ -17,7 +17,7 @@ SPEC_DETAILS = ("slice0", "window", "burst")
 
 
 def _spec_ends(trace: dict) -> list[float]:
-    return [t["end_ms"] for t in trace["ticks"]
+    return [t["end_ms"] for t in trace.get("ticks", ())  # a --target trace may have none
             if t["action"] in ("spec_round", "fused") or t.get("detail") in SPEC_DETAILS]
 
 

@@ -66,6 +66,8 @@ def create_app(host: EngineHost) -> FastAPI:
     async def health():
         body = {"status": "ok" if host.is_healthy else "failed", "model": host.model.name,
                 "mode": host.config.mode, "block_size": host.config.block_size,
+                "grant_rounds": host.config.grant_rounds, "backlog_cap": host.config.backlog_cap,
+                "max_batch_size": host.config.max_batch_size,
                 "context_tokens": host.config.slot_tokens, "max_queue": host.max_queue,
                 "costs": host.model.costs}
         if host.failure is not None:

@@ -1,0 +1,376 @@
+"""`coopsched run NAME --target URL`: a scenario against any OpenAI-compatible server, in real time.
+
+Each request streams from its own thread at its arrival offset; token arrival
+times are raw perf_counter_ns. The checks cover every request's TTFT as well
+as the classic ITL: a server that serves requests one at a time shows its
+head-of-line block as the next request's TTFT, not as an ITL gap. When the
+server reports its costs (coopsched serve's /health) bounds come from them;
+otherwise each request first runs alone and the run together must stay within
+a stated multiple of those solo figures.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field, replace
+
+from mocks import CostModel
+
+from . import metrics
+from .checks import REAL_TIME_ALLOWANCE, check
+from .scenario import RequestSpec, Scenario
+
+SLACK_MS = 10.0          # real-time slack on every cost-derived bound (HTTP, thread wake-ups)
+SOLO_MULTIPLE = 3.0      # together vs alone, when the server reports no costs
+SOLO_SLACK_MS = 25.0
+ORDER_TOLERANCE_MS = 5.0  # requests sent this close together may reach the server in either order
+TIMEOUT_S = 300.0
+
+
+@dataclass
+class Streamed:
+    """What one request's stream delivered, times in ms from the run's start."""
+    spec: RequestSpec
+    sent_ms: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+    token_times_ms: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    server_id: str | None = None
+    served_speculatively: bool | None = None
+    burst: dict | None = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return self.token_times_ms[0] - self.sent_ms if self.token_times_ms else None
+
+    @property
+    def stall_ms(self) -> float:
+        times = self.token_times_ms
+        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.spec.speculative if self.served_speculatively is None else self.served_speculatively
+
+
+class Target:
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"--target {url!r}: want http://HOST:PORT")
+        self.url, self.host, self.port = url, parts.hostname, parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+
+    def _conn(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
+
+    def get_json(self, path: str) -> dict | None:
+        conn = self._conn()
+        try:
+            conn.request("GET", self.prefix + path)
+            response = conn.getresponse()
+            body = response.read()
+            return json.loads(body) if response.status == 200 else None
+        except (OSError, ValueError):
+            return None
+        finally:
+            conn.close()
+
+    def stream(self, body: dict, out: Streamed, origin_ns: int) -> None:
+        """POST a streaming completion; every event with text or token ids is a token arrival."""
+        conn = self._conn()
+        out.sent_ms = (time.perf_counter_ns() - origin_ns) / 1e6
+        try:
+            conn.request("POST", self.prefix + "/v1/completions", json.dumps(body),
+                         {"Content-Type": "application/json", "Accept": "text/event-stream"})
+            response = conn.getresponse()
+            if response.status != 200:
+                out.error = f"HTTP {response.status}: {response.read()[:300]!r}"
+                return
+            while True:
+                line = response.readline()
+                now_ms = (time.perf_counter_ns() - origin_ns) / 1e6
+                if not line:
+                    out.error = out.error or "the stream ended without [DONE]"
+                    return
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return
+                _take_event(json.loads(payload), now_ms, out)
+        except (OSError, ValueError) as exc:
+            out.error = repr(exc)
+        finally:
+            conn.close()
+
+
+def _take_event(event: dict, now_ms: float, out: Streamed) -> None:
+    if "error" in event:
+        out.error = json.dumps(event["error"])[:300]
+        return
+    out.server_id = out.server_id or event.get("id")
+    extension = event.get("coopsched")
+    if extension:
+        out.served_speculatively = extension.get("served_speculatively")
+        out.burst = extension.get("burst")
+    for choice in event.get("choices") or ():
+        ids, text = choice.get("token_ids"), choice.get("text") or ""
+        count = len(ids) if ids is not None else int(bool(text))
+        out.token_ids += ids or []
+        out.token_times_ms += [now_ms] * count
+        out.text += text
+        out.finish_reason = choice.get("finish_reason") or out.finish_reason
+
+
+def request_body(spec: RequestSpec, seed: int, model: str | None) -> dict:
+    prompt = bytes(spec.prompt_tokens(seed)).decode("utf-8", errors="replace")
+    body = {"prompt": prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
+            "stream": True, "stream_options": {"include_usage": True},
+            "speculative": spec.speculative, "return_token_ids": True}
+    if spec.temperature > 0:
+        body["seed"] = seed
+    if spec.stop:
+        body["stop"] = list(spec.stop)
+    if model:
+        body["model"] = model
+    return body
+
+
+def run_together(target: Target, specs, seed: int, model: str | None) -> list[Streamed]:
+    """Every request on its own thread, sent at its arrival offset."""
+    outs = [Streamed(spec) for spec in specs]
+    origin = time.perf_counter_ns()
+
+    def send(out: Streamed) -> None:
+        delay = out.spec.arrival_ms / 1e3 - (time.perf_counter_ns() - origin) / 1e9
+        if delay > 0:
+            time.sleep(delay)
+        target.stream(request_body(out.spec, seed, model), out, origin)
+
+    threads = [threading.Thread(target=send, args=(out,), daemon=True) for out in outs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    return outs
+
+
+def warm_up(target: Target, specs, seed: int, model: str | None) -> None:
+    """A few tokens of each request, alone, before anything is measured: cold paths (first forward,
+    compilation, allocation) would otherwise land in the solo figures or the first gaps."""
+    for spec in specs:
+        run_together(target, [replace(spec, arrival_ms=0.0, max_tokens=min(spec.max_tokens, 4))], seed, model)
+
+
+# -- checks -------------------------------------------------------------------------
+@dataclass
+class CostTerms:
+    """The server's cost terms for one run (ms), with the real-time allowance."""
+    decode: float                 # a decode step at the run's classic batch size
+    spec_action: float            # one round, or the longest speculative slice 0
+    admission: dict               # request id -> its admission (classic prefill or slice 0)
+    grant_rounds: int
+    backlog_cap: int
+    max_batch_size: int
+
+    @staticmethod
+    def allow(ms: float) -> float:
+        return REAL_TIME_ALLOWANCE * ms + SLACK_MS
+
+
+def cost_terms(outs: list[Streamed], cost: CostModel, health: dict, seed: int) -> CostTerms:
+    num_classic = sum(not o.is_speculative for o in outs)
+    prompt = {o.spec.id: len(o.spec.prompt_tokens(seed)) for o in outs}
+    slice0 = {o.spec.id: cost.slice0(prompt[o.spec.id]) for o in outs if o.is_speculative}
+    admission = {i: slice0.get(i, cost.prefill(n)) for i, n in prompt.items()}
+    return CostTerms(cost.decode(max(num_classic, 1)),
+                     max([cost.round(health.get("block_size", 4), 1), *slice0.values()]), admission,
+                     health.get("grant_rounds", 8), health.get("backlog_cap", 2), health.get("max_batch_size", 8))
+
+
+def _pending(outs: list[Streamed], start: float, end: float, skip: Streamed) -> list[Streamed]:
+    """Requests sent by `end` that got their first token after `start`: each may put one admission
+    and one speculative action (strict alternation) into that span."""
+    return [p for p in outs if p is not skip and p.sent_ms <= end
+            and (not p.token_times_ms or p.token_times_ms[0] > start)]
+
+
+def ttft_check(outs: list[Streamed], terms: CostTerms) -> dict:
+    """TTFT <= allowance x (own admission + decode + one spec action, + one admission and one spec action
+    per request still pending at arrival, + a waiter's wait for the active grants, + a full batch's wait
+    for its first finish)."""
+    rows = []
+    for o in outs:
+        if o.ttft_ms is None:
+            continue
+        ahead = [p for p in _pending(outs, o.sent_ms, o.sent_ms + ORDER_TOLERANCE_MS, o)
+                 if p.sent_ms < o.sent_ms + ORDER_TOLERANCE_MS]
+        ms = terms.admission[o.spec.id] + terms.decode + terms.spec_action
+        ms += sum(terms.admission[p.spec.id] + terms.spec_action for p in ahead)
+        if o.is_speculative:
+            busy = [p for p in outs if p is not o and p.is_speculative
+                    and p.sent_ms <= o.sent_ms + ORDER_TOLERANCE_MS
+                    and p.token_times_ms and p.token_times_ms[-1] > o.sent_ms]
+            ms += terms.grant_rounds * (terms.spec_action + terms.decode) * min(len(busy), terms.backlog_cap + 1)
+        running = [p.token_times_ms[-1] for p in outs if p is not o and not p.is_speculative
+                   and p.token_times_ms and p.token_times_ms[0] <= o.sent_ms < p.token_times_ms[-1]]
+        bound = terms.allow(ms)
+        if len(running) >= terms.max_batch_size:  # a full batch: wait for its first row to finish
+            bound += min(running) - o.sent_ms
+        rows.append((o.spec.id, o.ttft_ms, bound))
+    if not rows:
+        return check("ttft", None, None, None, note="no request produced a token")
+    worst = max(rows, key=lambda r: r[1] - r[2])
+    return check("ttft", worst[1] <= worst[2], worst[1], worst[2],
+                 note=f"worst: {worst[0]}; TTFT <= 1.5 x (own admission + decode + one spec action + one "
+                      f"admission and spec action per request ahead + a waiter's grant wait) + {SLACK_MS:g} ms; "
+                      + "; ".join(f"{i}: {v:.1f} vs {b:.1f}" for i, v, b in rows))
+
+
+def classic_gap_check(outs: list[Streamed], terms: CostTerms, per_gap: int) -> dict:
+    """Every classic gap <= allowance x (decode + per_gap spec actions, + one admission and one spec
+    action per request pending during the gap)."""
+    worst = None
+    for o in outs:
+        if o.is_speculative:
+            continue
+        for a, b in zip(o.token_times_ms, o.token_times_ms[1:]):
+            inside = _pending(outs, a, b, o)
+            ms = terms.decode + per_gap * terms.spec_action
+            ms += sum(terms.admission[p.spec.id] + terms.spec_action for p in inside)
+            bound = terms.allow(ms)
+            if worst is None or (b - a) - bound > worst[0] - worst[1]:
+                worst = (b - a, bound, o.spec.id, len(inside))
+    if worst is None:
+        return check("classic_itl", None, None, None, note="no classic gaps")
+    return check("classic_itl", worst[0] <= worst[1], worst[0], worst[1],
+                 note=f"worst: {worst[2]} ({worst[3]} request(s) pending in that gap); gap <= 1.5 x (decode "
+                      f"{terms.decode:.1f} + {per_gap} x spec action {terms.spec_action:.1f} + one admission and "
+                      f"spec action per pending request) + {SLACK_MS:g} ms")
+
+
+def burst_wall_check(outs: list[Streamed], terms: CostTerms) -> dict:
+    bursts = [(o.spec.id, o.burst["burst_wall_ms"]) for o in outs if o.burst]
+    if not bursts:
+        return check("burst_wall", None, None, None, note="the server reports no BurstFinalized records")
+    worst = max(bursts, key=lambda b: b[1])
+    bound = terms.allow(1.05 * terms.spec_action)
+    return check("burst_wall", worst[1] <= bound, worst[1], bound,
+                 note=f"worst: {worst[0]}; the longest tick a speculative request held <= 1.5 x 1.05 x "
+                      f"max(round, slice 0) + {SLACK_MS:g} ms")
+
+
+def cost_checks(outs: list[Streamed], scenario: Scenario, cost: CostModel, health: dict,
+                seed: int) -> list[dict]:
+    """Bounds from the server's cost terms, as the virtual harness builds them, with the real-time allowance."""
+    terms = cost_terms(outs, cost, health, seed)
+    out = [ttft_check(outs, terms)]
+    wanted = scenario.checks
+    if "classic_itl" in wanted:
+        out.append(classic_gap_check(outs, terms, wanted["classic_itl"].get("spec_actions_per_gap", 1)))
+    if "burst_wall" in wanted:
+        out.append(burst_wall_check(outs, terms))
+    return out
+
+
+def solo_checks(outs: list[Streamed], solo: dict[str, Streamed]) -> list[dict]:
+    """Together vs alone: TTFT and the largest gap within SOLO_MULTIPLE x solo + SOLO_SLACK_MS."""
+    limit = lambda ms: SOLO_MULTIPLE * ms + SOLO_SLACK_MS  # noqa: E731
+    out = []
+    for name, figure in (("ttft_vs_solo", lambda o: o.ttft_ms), ("stall_vs_solo", lambda o: o.stall_ms)):
+        rows = [(o.spec.id, figure(o), limit(figure(solo[o.spec.id]))) for o in outs
+                if figure(o) is not None and figure(solo[o.spec.id]) is not None]
+        if not rows:
+            out.append(check(name, None, None, None, note="no samples"))
+            continue
+        worst = max(rows, key=lambda r: r[1] - r[2])
+        detail = "; ".join(f"{i}: {v:.1f} vs {b:.1f}" for i, v, b in rows)
+        what = "TTFT" if name == "ttft_vs_solo" else "largest gap"
+        out.append(check(name, worst[1] <= worst[2], worst[1], worst[2],
+                         note=f"worst: {worst[0]}; {what} <= {SOLO_MULTIPLE:g} x solo + {SOLO_SLACK_MS:g} ms; "
+                              + detail))
+    greedy = [o for o in outs if o.spec.temperature == 0 and not o.error]
+    mismatched = [o.spec.id for o in greedy if _tokens(o) != _tokens(solo[o.spec.id])]
+    out.append(check("parity_vs_solo", not mismatched, len(mismatched), 0,
+                     note="greedy output together equals alone" + (f": {mismatched}" if mismatched else "")))
+    return out
+
+
+def _tokens(o: Streamed):
+    return o.token_ids or o.text
+
+
+def completion_check(outs: list[Streamed]) -> dict:
+    failed = [f"{o.spec.id}: {o.error or 'no finish_reason'}" for o in outs if o.error or not o.finish_reason]
+    return check("completed", not failed, len(failed), 0,
+                 note="every request streamed to a finish" + (f": {'; '.join(failed)}" if failed else ""))
+
+
+# -- the trace ------------------------------------------------------------------------
+def run_against_target(scenario: Scenario, url: str, seed: int, console=None) -> dict:
+    target = Target(url)
+    health = target.get_json("/health") or {}
+    models = (target.get_json("/v1/models") or {}).get("data") or []
+    model = models[0].get("id") if models else None  # no listed model: leave `model` out
+    costs = health.get("costs") if isinstance(health.get("costs"), dict) else None
+    specs = list(scenario.requests)
+
+    warm_up(target, specs, seed, model)
+    solo: dict[str, Streamed] = {}
+    if costs is None:  # learn each request's solo figures first
+        for spec in specs:
+            solo[spec.id] = run_together(target, [replace(spec, arrival_ms=0.0)], seed, model)[0]
+    outs = run_together(target, specs, seed, model)
+
+    checks = [completion_check(outs)]
+    if costs is not None:
+        checks += cost_checks(outs, scenario, CostModel(**costs["profile"]), health, seed)
+    else:
+        checks += solo_checks(outs, solo)
+    trace = to_trace(scenario, outs, solo, checks, seed, url, health, model)
+    if console is not None:
+        print_verdict(console, trace)
+    return trace
+
+
+def _request_json(o: Streamed, seed: int) -> dict:
+    times = [round(t, 3) for t in o.token_times_ms]
+    return {"id": o.spec.id, "server_id": o.server_id, "speculative": o.is_speculative,
+            "prompt_token_ids": list(o.spec.prompt_tokens(seed)), "token_ids": list(o.token_ids),
+            "num_tokens": len(times), "token_times_ms": times, "arrival_ms": round(o.sent_ms, 3),
+            "finish_reason": o.finish_reason, "error": o.error,
+            "metrics": metrics.request_metrics(o.sent_ms, o.token_times_ms)}
+
+
+def to_trace(scenario, outs, solo, checks, seed, url, health, model) -> dict:
+    requests = [_request_json(o, seed) for o in outs]
+    trace = {"scenario": scenario.name, "mode": health.get("mode") or "external", "clock": "real", "seed": seed,
+             "target": url, "server": {"model": model, "health": health or None},
+             "requests": requests, "checks": checks,
+             "throughput": metrics.throughput([{**r, "token_ids": [0] * r["num_tokens"]} for r in requests])}
+    if solo:
+        trace["solo"] = {i: {"ttft_ms": s.ttft_ms, "stall_ms": s.stall_ms, "num_tokens": len(s.token_times_ms)}
+                         for i, s in solo.items()}
+    bursts = [{**o.burst, "seq_id": o.spec.id, "server_seq_id": o.burst.get("seq_id")} for o in outs if o.burst]
+    if bursts:  # only a server that reports BurstFinalized records (coopsched serve) has them
+        trace["bursts"] = bursts
+    return trace
+
+
+def print_verdict(console, trace: dict) -> None:
+    console.print(f"[bold]{trace['scenario']}[/] against {trace['target']} (mode {trace['mode']}, real time)")
+    if "solo" in trace:
+        console.print(f"  the server reports no costs: each request ran alone first; rule: TTFT and largest gap "
+                      f"<= {SOLO_MULTIPLE:g} x solo + {SOLO_SLACK_MS:g} ms")
+    for c in trace["checks"]:
+        verdict = "skipped" if c.get("skipped") else ("[green]ok[/]" if c["ok"] else "[red]FAIL[/]")
+        value = "-" if c["value"] is None else f"{c['value']:.1f}" if isinstance(c["value"], float) else c["value"]
+        bound = "-" if c["bound"] is None else f"{c['bound']:.1f}" if isinstance(c["bound"], float) else c["bound"]
+        console.print(f"  {c['name']}: {value} vs {bound} {verdict}  ({c['note']})", highlight=False)
