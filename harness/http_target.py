@@ -314,7 +314,7 @@ def completion_check(outs: list[Streamed]) -> dict:
 
 
 # -- the trace ------------------------------------------------------------------------
-def run_against_target(scenario: Scenario, url: str, seed: int, console=None) -> dict:
+def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *, warm: bool = True) -> dict:
     target = Target(url)
     health = target.get_json("/health") or {}
     models = (target.get_json("/v1/models") or {}).get("data") or []
@@ -322,7 +322,8 @@ def run_against_target(scenario: Scenario, url: str, seed: int, console=None) ->
     costs = health.get("costs") if isinstance(health.get("costs"), dict) else None
     specs = list(scenario.requests)
 
-    warm_up(target, specs, seed, model)
+    if warm:
+        warm_up(target, specs, seed, model)
     solo: dict[str, Streamed] = {}
     if costs is None:  # learn each request's solo figures first
         for spec in specs:
