@@ -66,7 +66,8 @@ def timeline_data(trace: Mapping) -> dict:
     for r in trace["requests"]:
         times = r["token_times_ms"]
         done = times[-1] if times else r["arrival_ms"]
-        work = [(a, b, kind) for a, b, kind, ids in ticks if r["id"] in ids]
+        # a finished row of a B>1 window stays in its job's tick ids: draw work only while live
+        work = [(a, b, kind) for a, b, kind, ids in ticks if r["id"] in ids and a < done]
         idle = [(max(a, r["arrival_ms"]), b, kind) for a, b, kind, ids in ticks
                 if r["id"] not in ids and b > r["arrival_ms"] and a < done]
         hol = [] if r["speculative"] else [(a, b) for a, b, kind in idle if kind in SPEC_KINDS]
@@ -199,12 +200,27 @@ def itl_cdf_figure(traces: Sequence[Mapping]) -> tuple[Figure, dict]:
     return fig, {"gaps": by_scenario, "bounds": bounds}
 
 
+def _mode_order(modes) -> list[str]:
+    """The known modes in their story order (burst, slice, fused, cost), then any new one."""
+    return sorted(modes, key=lambda m: (list(MODE_COLORS).index(m) if m in MODE_COLORS else len(MODE_COLORS), m))
+
+
+def _log_if_wide(ax, values) -> None:
+    """Log scale when the legacy burst would flatten the other modes into the x axis."""
+    positive = [v for v in values if v is not None and v > 0]
+    if positive and max(positive) / min(positive) > 20:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.text(0.99, 0.02, "log scale", transform=ax.transAxes, ha="right", fontsize=7, color="#777777")
+
+
 def trend_figure(metric: str, runs: Sequence, baseline: Mapping) -> tuple[Figure, dict]:
     """One tracked metric across the stored runs: a panel per scenario, a line per mode, baseline dashed."""
     scenarios = sorted({s for run in runs for s in run.tracked} | set(baseline))
     series: dict[str, dict[str, list]] = {}
     for s in scenarios:
-        modes = sorted({m for run in runs for m in run.tracked.get(s, {})} | set(baseline.get(s, {})))
+        modes = _mode_order({m for run in runs for m in run.tracked.get(s, {})} | set(baseline.get(s, {})))
         values = {m: [run.tracked.get(s, {}).get(m, {}).get(metric) for run in runs] for m in modes}
         base = {m: baseline.get(s, {}).get(m, {}).get(metric) for m in modes}
         if any(v is not None for vs in values.values() for v in vs) or any(v is not None for v in base.values()):
@@ -218,9 +234,12 @@ def trend_figure(metric: str, runs: Sequence, baseline: Mapping) -> tuple[Figure
         for i, (mode, values) in enumerate(d["values"].items()):
             color = mode_color(mode, i)
             ys = np.array([np.nan if v is None else v for v in values], float)
-            ax.plot(x, ys, marker="o", ms=5, lw=1.6, color=color, label=mode, gid=f"trend:{s}:{mode}")
+            # drawn biggest first, so modes with equal values stay visible as concentric markers
+            ax.plot(x, ys, marker="o", ms=max(10 - 2 * i, 3), lw=max(3.2 - 0.7 * i, 1.0), color=color,
+                    label=mode, gid=f"trend:{s}:{mode}")
             if d["baseline"].get(mode) is not None:
                 ax.axhline(d["baseline"][mode], color=color, ls="--", lw=0.9, alpha=0.7)
+        _log_if_wide(ax, [v for vs in d["values"].values() for v in vs] + list(d["baseline"].values()))
         ax.set_title(s, loc="left", fontsize=10, fontweight="bold")
         ax.set_xticks(x, [run.label for run in runs], fontsize=7)
         ax.set_xlim(-0.5, max(len(runs) - 0.5, 0.5))
