@@ -55,74 +55,84 @@ class _Points:
         return {label: statistics.median(xs) for label, xs in samples.items()}
 
 
+class _Probe:
+    """Sampling closures over one backend: each returns timings (ms) of one visit."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.params = SamplingParams()
+        self.live: list[str] = []
+        self._ids = iter(f"cal{i}" for i in range(1_000_000))
+
+    def start(self, num_rows: int, with_draft: bool, offset: int = 0) -> list[list]:
+        """Live rows [seq_id, last token] with CONTEXT-token prompts, released by close()."""
+        ids = [next(self._ids) for _ in range(num_rows)]
+        self.live.extend(ids)
+        return [[s, self.backend.prefill(s, _prompt(CONTEXT, offset + i), self.params, with_draft)]
+                for i, s in enumerate(ids)]
+
+    def close(self) -> None:
+        for seq_id in self.live:
+            self.backend.release(seq_id)
+
+    def prefill(self, num_tokens: int, with_draft: bool):
+        def sample():
+            seq_id = next(self._ids)
+            ms = _timed(lambda: self.backend.prefill(seq_id, _prompt(num_tokens), self.params, with_draft))
+            self.backend.release(seq_id)
+            return [ms]
+        return sample
+
+    def decode(self, rows: list[list]):
+        def step():  # the batch really advances, as classic decoding does
+            for row, token in zip(rows, self.backend.decode([tuple(r) for r in rows])):
+                row[1] = token
+
+        def sample():
+            step()  # untimed: another point may have broken up this batch since its last visit
+            return [_timed(step) for _ in range(3)]
+        return sample
+
+    def draft(self, row: list, num_drafts: int):
+        # Each call re-drafts from the same context: the drafter trims its own stale proposals.
+        return lambda: [_timed(lambda: self.backend.draft([tuple(row)], num_drafts)) / num_drafts]
+
+    def verify(self, rows: list[list], width: int):
+        def sample():
+            ms = _timed(lambda: self.backend.verify([(s, t, [t] * (width - 1)) for s, t in rows]))
+            for seq_id, _ in rows:
+                self.backend.rewind(seq_id, width)
+            return [ms]
+        return sample
+
+
 def measure(backend, block_size: int = 4, repeats: int = 15, advance: Callable[[str], None] | None = None) -> dict:
     """A cost profile (CostModel fields) measured on `backend` (an MlxBackend with a drafter).
 
     Medians; decode and verify are then made non-decreasing in size (more work never costs
     less; a dip is noise).
     """
-    advance = advance or (lambda _label: None)
-    params = SamplingParams()
-    seq_ids = iter(f"cal{i}" for i in range(1_000_000))
-    points = _Points()
-    live: list[str] = []
-
-    def prefill_point(n: int, with_draft: bool):
-        def sample():
-            seq_id = next(seq_ids)
-            ms = _timed(lambda: backend.prefill(seq_id, _prompt(n), params, with_draft))
-            backend.release(seq_id)
-            return [ms]
-        return sample
-
+    probe, points = _Probe(backend), _Points()
     for n in PREFILL_LENGTHS:
-        points.add(f"prefill {n}", prefill_point(n, False))
-        points.add(f"prefill+draft {n}", prefill_point(n, True))
-
-    def start(num_rows: int, with_draft: bool, offset: int = 0) -> list[list]:
-        ids = [next(seq_ids) for _ in range(num_rows)]
-        live.extend(ids)
-        return [[s, backend.prefill(s, _prompt(CONTEXT, offset + i), params, with_draft)]
-                for i, s in enumerate(ids)]
-
-    def decode_point(rows: list[list]):
-        def step():  # the batch really advances, as classic decoding does
-            for row, token in zip(rows, backend.decode([tuple(r) for r in rows])):
-                row[1] = token
-        def sample():
-            step()  # untimed: another point may have broken up this batch since its last visit
-            return [_timed(step) for _ in range(3)]
-        return sample
-
+        points.add(f"prefill {n}", probe.prefill(n, False))
+        points.add(f"prefill+draft {n}", probe.prefill(n, True))
     for batch in DECODE_BATCHES:
-        points.add(f"decode {batch}", decode_point(start(batch, False)))
-
-    num_drafts = block_size - 1
-    (seq_id, last), = start(1, True, offset=50)
-    # Each call re-drafts from the same context: the drafter trims its own stale proposals.
-    points.add("draft", lambda: [_timed(lambda: backend.draft([(seq_id, last)], num_drafts)) / num_drafts])
-
-    def verify_point(rows: list[list], width: int):
-        def sample():
-            ms = _timed(lambda: backend.verify([(s, t, [t] * (width - 1)) for s, t in rows]))
-            for s, _ in rows:
-                backend.rewind(s, width)
-            return [ms]
-        return sample
-
+        points.add(f"decode {batch}", probe.decode(probe.start(batch, False)))
+    session = probe.start(1, True, offset=50)
+    points.add("draft", probe.draft(session[0], block_size - 1))
+    widths = [*range(1, block_size + 1), *(r * block_size for r in WINDOW_ROWS)]
     for width in range(1, block_size + 1):  # B = 1: last + width-1 drafts
-        points.add(f"verify {width}", verify_point([[seq_id, last]], width))
+        points.add(f"verify {width}", probe.verify(session, width))
     for num_rows in WINDOW_ROWS:  # a window: num_rows rows of K positions
-        points.add(f"verify {num_rows * block_size}", verify_point(start(num_rows, True, 60), block_size))
-
-    ms = points.run(repeats, advance)
-    for s in live:
-        backend.release(s)
+        points.add(f"verify {num_rows * block_size}", probe.verify(probe.start(num_rows, True, 60), block_size))
+    try:
+        ms = points.run(repeats, advance or (lambda _label: None))
+    finally:
+        probe.close()
     plain = [ms[f"prefill {n}"] for n in PREFILL_LENGTHS]
     both = [ms[f"prefill+draft {n}"] for n in PREFILL_LENGTHS]
     per_token, fixed = np.polyfit(PREFILL_LENGTHS, plain, 1)
     draft_prefill = np.polyfit(PREFILL_LENGTHS, np.subtract(both, plain), 1)[0]
-    widths = [*range(1, block_size + 1), *(r * block_size for r in WINDOW_ROWS)]
     return {
         "prefill_fixed_ms": round(max(float(fixed), 0.0), 4),
         "prefill_per_token_ms": round(max(float(per_token), 0.0), 5),
@@ -206,7 +216,6 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     from rich.console import Console
     from rich.progress import Progress
-    from rich.table import Table
 
     from .mlx_backend import MlxBackend
     from .model_build import ensure_tiny_models
@@ -247,18 +256,26 @@ def main(args) -> int:
         document["check_concurrency2"] = check
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1) + "\n")
+    _print_report(args.out, profile, check)
+    return 0
+
+
+def _print_report(path: Path, profile: dict, check: dict | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     out = Console()
-    out.print(f"wrote {args.out}: decode {profile['decode_ms']}, verify {profile['verify_ms']}, "
+    out.print(f"wrote {path}: decode {profile['decode_ms']}, verify {profile['verify_ms']}, "
               f"draft/token {profile['draft_per_token_ms']} ms, prefill {profile['prefill_fixed_ms']} + "
               f"{profile['prefill_per_token_ms']}/token ms")
-    if check:
-        table = Table(title=f"concurrency2: calibrated mock vs MLX (acceptance {check['acceptance']})")
-        for col in ("metric", "mlx mean", "mock mean", "error", "mlx p99", "mock p99", "error p99"):
-            table.add_column(col, justify="left" if col == "metric" else "right")
-        pct = lambda x: "-" if x is None else f"{x:+.1%}"
-        for metric in ("round_ms", "decode_ms", "classic_itl_ms"):
-            m = check[metric]
-            table.add_row(metric, str(m["mlx"]["mean"]), str(m["mock"]["mean"]), pct(m["error"]["mean"]),
-                          str(m["mlx"]["p99"]), str(m["mock"]["p99"]), pct(m["error"]["p99"]))
-        out.print(table)
-    return 0
+    if not check:
+        return
+    table = Table(title=f"concurrency2: calibrated mock vs MLX (acceptance {check['acceptance']})")
+    for col in ("metric", "mlx mean", "mock mean", "error", "mlx p99", "mock p99", "error p99"):
+        table.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
+    pct = lambda x: "-" if x is None else f"{x:+.1%}"
+    for metric in ("round_ms", "decode_ms", "classic_itl_ms"):
+        m = check[metric]
+        table.add_row(metric, str(m["mlx"]["mean"]), str(m["mock"]["mean"]), pct(m["error"]["mean"]),
+                      str(m["mlx"]["p99"]), str(m["mock"]["p99"]), pct(m["error"]["p99"]))
+    out.print(table)

@@ -21,7 +21,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import mlx.core as mx  # noqa: E402
-from mlx_lm.models.cache import BatchKVCache, KVCache  # noqa: E402
+
+from .kv_batch import Batch, forward_one, new_cache  # noqa: E402
 
 PREFILL_STEP = 2048    # prompt chunk, as mlx_lm.generate.generate_step
 RESIDENT_ROOM = 64     # decode steps a merged classic batch takes before it regrows
@@ -34,26 +35,6 @@ class _Sequence:
     cache: list | None                      # per-layer KVCache; None while in the resident batch
     draft_tokens: list[int] = field(default_factory=list)  # what the drafter cache holds
     draft_cache: list | None = None
-
-
-class _Batch:
-    """Rows' per-layer caches merged into left-padded BatchKVCaches with `room` free positions.
-
-    mlx-lm's own merge allocates exactly, so the first forward would regrow every row.
-    """
-
-    def __init__(self, caches: list[list], room: int) -> None:
-        self.layers = [_merge([rows[layer] for rows in caches], room) for layer in range(len(caches[0]))]
-
-    def forward(self, model, inputs: list[list[int]]) -> mx.array:
-        logits = model(mx.array(inputs), cache=self.layers)
-        mx.eval(logits, [c.state for c in self.layers])
-        return logits
-
-    def split(self, num_rows: int) -> list[list]:
-        out = [[layer.extract(i) for layer in self.layers] for i in range(num_rows)]
-        mx.eval([c.state for rows in out for c in rows])
-        return out
 
 
 def load_model(model_dir: str | Path):
@@ -79,7 +60,7 @@ class MlxBackend:
     def _reset(self) -> None:
         self._seqs: dict[str, _Sequence] = {}
         self._resident_ids: tuple[str, ...] = ()
-        self._resident: _Batch | None = None
+        self._resident: Batch | None = None
 
     def fresh(self) -> "MlxBackend":
         """A backend with no sequences that shares this one's loaded weights."""
@@ -109,7 +90,7 @@ class MlxBackend:
         if not prompt:
             raise ValueError(f"sequence {seq_id!r}: empty prompt")
         prompt = [int(t) for t in prompt]
-        seq = _Sequence(params, list(prompt), _new_cache(self.model))
+        seq = _Sequence(params, list(prompt), new_cache(self.model))
         # As generate_step: all but the last token in chunks, then the last one for the logits.
         for start in range(0, len(prompt) - 1, PREFILL_STEP):
             self.model(mx.array([prompt[start:min(start + PREFILL_STEP, len(prompt) - 1)]]),
@@ -117,7 +98,7 @@ class MlxBackend:
             mx.eval([c.state for c in seq.cache])
         logits = self.model(mx.array([prompt[-1:]]), cache=seq.cache)
         if with_draft and self.draft_model is not None:
-            seq.draft_cache = _new_cache(self.draft_model)
+            seq.draft_cache = new_cache(self.draft_model)
             for start in range(0, len(prompt), PREFILL_STEP):
                 self.draft_model(mx.array([prompt[start:start + PREFILL_STEP]]), cache=seq.draft_cache)
             seq.draft_tokens = list(prompt)
@@ -130,11 +111,11 @@ class MlxBackend:
         inputs = [[int(last)] for _, last in rows]
         if len(rows) == 1:
             seq = self._own(ids[0])
-            logits = _forward_one(self.model, seq.cache, inputs)
+            logits = forward_one(self.model, seq.cache, inputs)
         else:
             if ids != self._resident_ids:  # the classic batch changed: re-merge it once
                 self._evict()
-                self._resident = _Batch([self._seqs[i].cache for i in ids], RESIDENT_ROOM)
+                self._resident = Batch([self._seqs[i].cache for i in ids], RESIDENT_ROOM)
                 self._resident_ids = ids
                 for seq_id in ids:
                     self._seqs[seq_id].cache = None
@@ -155,14 +136,14 @@ class MlxBackend:
         if len({len(x) for x in inputs}) > 1:  # ragged catch-up: read it row by row first
             for seq, unread in zip(seqs, inputs):
                 if len(unread) > 1:
-                    _forward_one(self.draft_model, seq.draft_cache, [unread[:-1]])
+                    forward_one(self.draft_model, seq.draft_cache, [unread[:-1]])
                     seq.draft_tokens.extend(unread[:-1])
             inputs = [x[-1:] for x in inputs]
         proposals: list[list[int]] = [[] for _ in rows]
-        batch = _Batch([s.draft_cache for s in seqs], len(inputs[0]) + num_tokens) if len(rows) > 1 else None
+        batch = Batch([s.draft_cache for s in seqs], len(inputs[0]) + num_tokens) if len(rows) > 1 else None
         for _ in range(num_tokens):
             logits = (batch.forward(self.draft_model, inputs) if batch
-                      else _forward_one(self.draft_model, seqs[0].draft_cache, inputs))
+                      else forward_one(self.draft_model, seqs[0].draft_cache, inputs))
             tokens = _greedy(logits[:, -1, :])
             for seq, fed, row, token in zip(seqs, inputs, proposals, tokens):
                 seq.draft_tokens.extend(fed)
@@ -182,9 +163,9 @@ class MlxBackend:
             seqs = [self._own(rows[i][0]) for i in indices]
             inputs = [[int(rows[i][1]), *map(int, rows[i][2])] for i in indices]
             if len(seqs) == 1:
-                logits = _forward_one(self.model, seqs[0].cache, inputs)
+                logits = forward_one(self.model, seqs[0].cache, inputs)
             else:
-                batch = _Batch([s.cache for s in seqs], len(inputs[0]))
+                batch = Batch([s.cache for s in seqs], len(inputs[0]))
                 logits = batch.forward(self.model, inputs)
                 for seq, cache in zip(seqs, batch.split(len(seqs))):
                     seq.cache = cache
@@ -207,9 +188,9 @@ class MlxBackend:
         seqs = [self._own(seq_id) for seq_id in ids]
         width = max(len(x) for x in inputs)
         if len(seqs) == 1:
-            logits = _forward_one(self.model, seqs[0].cache, inputs)
+            logits = forward_one(self.model, seqs[0].cache, inputs)
         else:
-            batch = _Batch([s.cache for s in seqs], width)
+            batch = Batch([s.cache for s in seqs], width)
             for layer in batch.layers:
                 layer.prepare(right_padding=[width - len(x) for x in inputs])
             logits = batch.forward(self.model, [x + [0] * (width - len(x)) for x in inputs])
@@ -263,7 +244,7 @@ class MlxBackend:
         """Trim the drafter cache to its longest prefix of `context` (dropping what the target
         rejected); return the rest, which the first draft step reads (always at least `last`)."""
         if seq.draft_cache is None:
-            seq.draft_cache, seq.draft_tokens = _new_cache(self.draft_model), []
+            seq.draft_cache, seq.draft_tokens = new_cache(self.draft_model), []
         common, limit = 0, min(len(seq.draft_tokens), len(context) - 1)
         while common < limit and seq.draft_tokens[common] == context[common]:
             common += 1
@@ -289,41 +270,9 @@ class MlxBackend:
         return out
 
 
-def _new_cache(model) -> list:
-    return [KVCache() for _ in model.layers]
-
-
 def _greedy(logits: mx.array) -> list[int]:
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as generate_step
     return mx.argmax(logprobs, axis=-1).tolist()
-
-
-def _forward_one(model, cache: list, inputs: list[list[int]]) -> mx.array:
-    logits = model(mx.array(inputs), cache=cache)
-    mx.eval(logits, [c.state for c in cache])
-    return logits
-
-
-def _merge(caches: list[KVCache], room: int) -> BatchKVCache:
-    """As BatchKVCache.merge (rows right-aligned, left padding masked), plus `room` free slots."""
-    lengths = [c.offset if c.keys is not None else 0 for c in caches]
-    longest = max(lengths)
-    padding = [longest - n for n in lengths]
-    batch = BatchKVCache(padding)
-    if longest == 0:
-        return batch
-    ref = next(c for c in caches if c.keys is not None)
-    _, num_heads, _, k_dim = ref.keys.shape
-    keys = mx.zeros((len(caches), num_heads, longest + room, k_dim), ref.keys.dtype)
-    values = mx.zeros((len(caches), num_heads, longest + room, ref.values.shape[3]), ref.values.dtype)
-    for i, (pad, c) in enumerate(zip(padding, caches)):
-        if c.keys is not None:
-            keys[i:i + 1, :, pad:longest] = c.keys[..., :c.offset, :]
-            values[i:i + 1, :, pad:longest] = c.values[..., :c.offset, :]
-    batch.keys, batch.values = keys, values
-    batch.offset = batch.offset + longest
-    batch._idx = longest
-    return batch
 
 
 def make_mlx_backend(model_dir: str | Path | None = None, draft_dir: str | Path | None = None,

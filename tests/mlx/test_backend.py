@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coopsched.backends import mlx_backend
+from coopsched.backends import kv_batch, mlx_backend
 from coopsched.core import SamplingParams
 from mlx_helpers import BLOCK_SIZE, make_requests, mismatches, run
 
@@ -61,13 +61,13 @@ def test_parity_catches_a_missing_rollback(backend, prompts, oracle):
 
 
 def test_parity_catches_ignored_padding(backend, prompts, oracle, monkeypatch):
-    real_merge = mlx_backend._merge
+    real_merge = kv_batch.merge
 
     def unpadded(caches, room):  # the padded keys stop being masked
         batch = real_merge(caches, room)
         batch.left_padding = batch.left_padding * 0
         return batch
-    monkeypatch.setattr(mlx_backend, "_merge", unpadded)
+    monkeypatch.setattr(kv_batch, "merge", unpadded)
     requests = make_requests(prompts[:8], speculative=False)
     run(backend, requests, max_batch_size=8)
     assert mismatches(requests, oracle, backend.eos_token_id), "attention over padding went unnoticed"
