@@ -6,7 +6,7 @@
 backend cannot say for whom), `disconnect` (the client vanishes: `on_disconnect`
 runs just before the call, so a disconnect before `verify` lands between draft and
 verify). A persistent fault fires on every matching call (a poisoned request or a
-broken drafter).
+broken drafter); `skip` lets that many matching calls through first.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Fault:
     call: str                 # prefill | decode | draft | verify
     seq_id: str = ANY         # "*": any row (a drafter that always raises)
     persistent: bool = False
+    skip: int = 0             # matching calls to let through before it fires
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS or self.call not in MODEL_CALLS:
@@ -48,6 +49,7 @@ class FaultyBackend:
         self.on_disconnect = on_disconnect
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, tuple[str, ...]]] = []   # model calls since the last take_calls()
+        self.num_calls: dict[tuple[str, str], int] = {}      # (call, seq_id) -> calls so far
         self.fired: list[tuple[Fault, tuple[str, ...]]] = []  # (fault, rows of the call it hit)
 
     def __getattr__(self, name: str):
@@ -63,7 +65,12 @@ class FaultyBackend:
 
     def _gate(self, call: str, seq_ids: tuple[str, ...]) -> None:
         self.calls.append((call, seq_ids))
+        for seq_id in seq_ids:
+            self.num_calls[call, seq_id] = self.num_calls.get((call, seq_id), 0) + 1
         for fault in [f for f in self.faults if f.matches(call, seq_ids)]:
+            if fault.skip > 0:
+                fault.skip -= 1
+                continue
             if not fault.persistent:
                 self.faults.remove(fault)
             self.fired.append((fault, seq_ids))

@@ -61,6 +61,7 @@ class Checked:
         self.kv_full_ticks = 0
         self._last_action: ActionKind | None = None
         self._in_tick = False
+        self.broken = False
         self.cancelled_at: dict[str, int] = {}  # the last tick that may still emit tokens for it
         self._num_fired = 0
 
@@ -84,6 +85,13 @@ class Checked:
 
     def step(self) -> None:
         """One tick, exactly as Engine.step, then every invariant."""
+        try:
+            self._step()
+        except BaseException:
+            self.broken = True  # the state is no longer meaningful: report this, not later fallout
+            raise
+
+    def _step(self) -> None:
         sched = self.scheduler
         self.faulty.take_calls()  # calls outside a tick (none expected) are not this tick's
         action = sched.schedule()

@@ -10,7 +10,7 @@ one action and one job per tick, slice alternation, streamed == committed == ref
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
@@ -20,6 +20,7 @@ from coopsched.core import MODES, Priority, Request, RequestError, SamplingParam
 from harness.faults import ANY, Fault, FaultyBackend
 from harness.invariants import Checked, InvariantError
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
+from plants import apply
 
 CALLS = ("prefill", "decode", "draft", "verify", "fused")
 
@@ -111,9 +112,36 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.checked.check_state("between rules")
 
     def teardown(self):
-        if hasattr(self, "checked"):
+        if hasattr(self, "checked") and not self.checked.broken:
             self.checked.faulty.faults.clear()
             self.checked.drain(max_ticks=2000)
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase  # settings: the HYPOTHESIS_PROFILE (tests/conftest.py)
+
+
+# -- the machine must catch planted bugs ------------------------------------------
+HUNT = settings(max_examples=300, stateful_step_count=50, derandomize=True, database=None,
+                phases=[Phase.generate], deadline=None, print_blob=False)
+
+
+def _hunt() -> BaseException:
+    with pytest.raises(Exception) as info:
+        run_state_machine_as_test(SchedulerMachine, settings=HUNT)
+    return info.value
+
+
+@pytest.mark.parametrize("plant, expected", [
+    ("yield-flag", "waited two speculative rounds in a row"),
+    ("slot-release", "finished but still holds a slot"),
+    ("cancel-ignored-in-round", "after its cancel took effect"),
+    ("cancelled-row-decoded", "after its cancel took effect"),
+    ("error-not-contained", "injected"),
+    ("plain-exception-escapes", "injected"),
+])
+def test_the_machine_catches_a_planted_bug(plant, expected, monkeypatch):
+    apply(plant, monkeypatch)
+    found = _hunt()
+    assert expected in str(found), repr(found)
+    again = _hunt()  # derandomized: the same hunt replays the same failure
+    assert str(again) == str(found)

@@ -1,0 +1,121 @@
+"""Planted bugs: each removes one piece of handling, so a test can show that the state
+machine and `coopsched simulate` catch its absence. `apply(name, monkeypatch)`.
+
+Each entry: the handling it removes, and the fault mix that exercises it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import coopsched.core.scheduler as scheduler_module
+from coopsched.core.kv import KVSlotPool
+from coopsched.core.request import RequestState
+from coopsched.core.spec import SpecJob, _commit
+
+
+def _yield_flag(mp):
+    """The yield flag never sets: speculative rounds take every tick under contention."""
+    mp.setattr(scheduler_module, "next_yield_flag", lambda last_was_spec, action: False)
+
+
+def _slot_release(mp):
+    """Finished requests keep their KV slot."""
+    mp.setattr(KVSlotPool, "release", lambda self, seq_id: None)
+
+
+def _cancel_ignored_in_round(mp):
+    """A speculative round ignores the cancel flag (a vanished client keeps generating)."""
+    step = SpecJob.step
+
+    def ignoring(self, backend, detokenize):
+        flagged = [r for r in self.live_rows if r.is_cancelled]
+        for request in flagged:
+            request.is_cancelled = False
+        try:
+            return step(self, backend, detokenize)
+        finally:
+            for request in flagged:
+                request.is_cancelled = True
+    mp.setattr(SpecJob, "step", ignoring)
+
+
+def _cancelled_row_decoded(mp):
+    """The reaper finishes a cancelled classic row but leaves it in the batch (the bug fixed)."""
+    reap = scheduler_module.Scheduler._reap_cancelled
+
+    def leaving_rows(self):
+        running = list(self.running)
+        reap(self)
+        self.running = running
+    mp.setattr(scheduler_module.Scheduler, "_reap_cancelled", leaving_rows)
+
+
+def _admission_ignores_kv(mp):
+    """Admission does not wait for a free KV slot."""
+    tick_state = scheduler_module.Scheduler.tick_state
+
+    def ignoring(self):
+        return dataclasses.replace(tick_state(self), num_admissible=len(self.queue))
+    mp.setattr(scheduler_module.Scheduler, "tick_state", ignoring)
+
+
+def _error_not_contained(mp):
+    """A failed model call takes the whole scheduler down instead of its requests."""
+    def reraise(sched, action, exc):
+        raise exc
+    mp.setattr(scheduler_module, "fail_tick", reraise)
+
+
+def _plain_exception_escapes(mp):
+    """No guard: a backend's plain exception is not turned into a per-request error."""
+    mp.setattr(scheduler_module, "GuardedBackend", lambda backend: backend)
+
+
+def _window_commits_early(mp):
+    """Slice 0 commits each row's first token before prefilling the next (the old order)."""
+    def begin(self, backend, detokenize):
+        self.is_begun = True
+        out = []
+        for request in self.live_rows:
+            request.state = RequestState.SPECULATIVE
+            request.served_speculatively = True
+            first = backend.prefill(request.id, request.prompt_token_ids, request.sampling, True)
+            out.append(_commit(request, [first], backend.eos_token_id, detokenize))
+        self.grant_slices += 1
+        self.last_worked = self.ids
+        return out
+    mp.setattr(SpecJob, "begin", begin)
+
+
+def _burst_drops_earlier_rounds(mp):
+    """A failure late in a legacy burst loses the tokens its earlier rounds committed."""
+    run_slice = scheduler_module.Scheduler._run_slice
+
+    def forgetting(self, job, slice_fn):
+        emissions = run_slice(self, job, slice_fn)
+        del self._partial[len(self._partial) - len(emissions):]
+        return emissions
+    mp.setattr(scheduler_module.Scheduler, "_run_slice", forgetting)
+
+
+# name -> (plant, fault mix for `coopsched simulate` that exercises the handling it removes)
+PLANTS = {
+    "yield-flag": (_yield_flag, "none"),
+    "slot-release": (_slot_release, "none"),
+    "cancel-ignored-in-round": (_cancel_ignored_in_round, "disconnect-verify"),
+    "cancelled-row-decoded": (_cancelled_row_decoded, "cancel"),
+    "admission-ignores-kv": (_admission_ignores_kv, "kv"),
+    "error-not-contained": (_error_not_contained, "backend"),
+    "drafter-error-not-contained": (_error_not_contained, "drafter"),
+    "plain-exception-escapes": (_plain_exception_escapes, "backend,drafter"),
+    "window-commits-early": (_window_commits_early, "backend"),
+    "burst-drops-earlier-rounds": (_burst_drops_earlier_rounds, "backend"),
+}
+
+
+def apply(name: str, monkeypatch) -> str:
+    """Plant the bug; return its fault mix."""
+    plant, faults = PLANTS[name]
+    plant(monkeypatch)
+    return faults
