@@ -22,6 +22,7 @@ PREFILL_LENGTHS = (8, 32, 128)
 DECODE_BATCHES = (1, 2, 4, 8)
 WINDOW_ROWS = (2, 4, 8)
 CONTEXT = 32  # prompt tokens behind every decode, draft and verify measurement
+METRICS = ("round_ms", "decode_ms", "classic_itl_ms", "classic_stall_ms")
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -155,12 +156,12 @@ def concurrency2_requests(prompt_of: Callable[[int, int], list[int]] = _prompt):
             Request("spec", tuple(prompt_of(32, 2)), max_tokens=96, arrival_ms=40)]
 
 
-def _run_stats(backend, clock) -> dict:
+def _run_stats(backend, clock, block_size: int = 4) -> dict:
     from coopsched.core.config import SchedulerConfig
     from coopsched.core.scheduler import Scheduler
     from coopsched.engine import Engine
 
-    scheduler = Scheduler(SchedulerConfig(mode="slice"), backend)
+    scheduler = Scheduler(SchedulerConfig(mode="slice", block_size=block_size), backend)
     times: dict[str, list[float]] = {}
 
     def record(event) -> None:
@@ -169,9 +170,10 @@ def _run_stats(backend, clock) -> dict:
     walls = lambda kind: [t.end_ms - t.start_ms for t in result.ticks if t.action == kind]
     classic = times.get("classic", [])
     obs = scheduler.obs
-    return {"round_ms": walls("spec_round"), "decode_ms": walls("decode"),
-            "classic_itl_ms": [b - a for a, b in zip(classic, classic[1:])],
-            "acceptance": obs.accepted_tokens / obs.drafted_tokens if obs.drafted_tokens else 0.0}
+    itl = [b - a for a, b in zip(classic, classic[1:])]
+    return {"round_ms": walls("spec_round"), "decode_ms": walls("decode"), "classic_itl_ms": itl,
+            "classic_stall_ms": [max(itl, default=0.0)],
+            "acceptance": [obs.accepted_tokens / obs.drafted_tokens if obs.drafted_tokens else 0.0]}
 
 
 def _summary(samples: list[float]) -> dict:
@@ -180,19 +182,36 @@ def _summary(samples: list[float]) -> dict:
     return {"mean": round(float(np.mean(samples)), 4), "p99": round(float(np.percentile(samples, 99)), 4)}
 
 
-def calibration_error(profile: dict, backend) -> dict:
-    """Mean and p99 of round time, decode step and classic ITL (the stall): MLX vs the calibrated
-    mock, and the mock's relative error (mock / mlx - 1)."""
+def _continuation_prob(rate: float, num_drafts: int) -> float:
+    """The mock drafter's per-token continuation probability p whose expected accepted share
+    (p + p^2 + ... + p^n) / n equals the measured acceptance rate."""
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        p = (low + high) / 2
+        share = sum(p ** i for i in range(1, num_drafts + 1)) / num_drafts
+        low, high = (p, high) if share < rate else (low, p)
+    return (low + high) / 2
+
+
+def calibration_error(profile: dict, backend, runs: int = 3, block_size: int = 4) -> dict:
+    """Round time, decode step, classic ITL and classic stall (the largest ITL of a run), mean
+    and p99: MLX (samples pooled over `runs` real-time runs) vs the calibrated mock in virtual
+    time, and the mock's relative error (mock / mlx - 1)."""
     from coopsched.clock import ManualClock, RealClock
     from mocks import CostModel, MockBackend, MockDrafter
 
-    real = _run_stats(backend, RealClock())
+    real: dict[str, list] = {}
+    for _ in range(runs):
+        for metric, values in _run_stats(backend.fresh(), RealClock(), block_size).items():
+            real.setdefault(metric, []).append(values)
+    acceptance = float(np.mean(real.pop("acceptance")))
+    real = {metric: [v for run in runs_ for v in run] for metric, runs_ in real.items()}
     clock = ManualClock()
     cost = CostModel(**{k: v for k, v in profile.items() if k in CostModel.__dataclass_fields__})
-    mock = MockBackend(clock, cost, drafter=MockDrafter(real["acceptance"]))
-    virtual = _run_stats(mock, clock)
-    out = {"acceptance": round(real["acceptance"], 4)}
-    for metric in ("round_ms", "decode_ms", "classic_itl_ms"):
+    drafter = MockDrafter(_continuation_prob(acceptance, block_size - 1))
+    virtual = _run_stats(MockBackend(clock, cost, drafter=drafter), clock, block_size)
+    out = {"acceptance": round(acceptance, 4), "runs": runs}
+    for metric in METRICS:
         mlx_s, mock_s = _summary(real[metric]), _summary(virtual[metric])
         error = {k: (round(mock_s[k] / mlx_s[k] - 1, 4) if mlx_s[k] and mock_s[k] is not None else None)
                  for k in ("mean", "p99")}
@@ -209,6 +228,8 @@ def add_arguments(parser) -> None:
                         help="size of the tiny models built when no --model is given (default s)")
     parser.add_argument("--block-size", type=int, default=4, help="K of the measured rounds (default 4)")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per point (median; default 15)")
+    parser.add_argument("--check-runs", type=int, default=3,
+                        help="real-time concurrency2 runs pooled for the comparison (default 3)")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the concurrency2 comparison of the calibrated mock with MLX")
 
@@ -225,8 +246,9 @@ def main(args) -> int:
         console.print("[red]error:[/] give --model and --draft-model together (the draft cost is part "
                       "of the profile), or neither to use the tiny models")
         return 2
-    if args.block_size < 2 or args.repeats < 1:
-        console.print(f"[red]error:[/] --block-size {args.block_size} must be >= 2 and --repeats {args.repeats} >= 1")
+    if args.block_size < 2 or args.repeats < 1 or args.check_runs < 1:
+        console.print(f"[red]error:[/] --block-size {args.block_size} must be >= 2, --repeats {args.repeats} "
+                      f"and --check-runs {args.check_runs} >= 1")
         return 2
     steps = 1 + args.repeats + (0 if args.no_check else 1)
     with Progress(console=console, transient=False) as progress:
@@ -247,7 +269,7 @@ def main(args) -> int:
         check = None
         if not args.no_check:
             progress.update(task, description="concurrency2: MLX vs calibrated mock")
-            check = calibration_error(profile, backend.fresh())
+            check = calibration_error(profile, backend, args.check_runs, args.block_size)
             advance("done")
     document = {**profile, "calibrated": {"model": str(Path(model_dir).resolve()),
                                           "draft_model": str(Path(draft_dir).resolve()),
@@ -270,12 +292,14 @@ def _print_report(path: Path, profile: dict, check: dict | None) -> None:
               f"{profile['prefill_per_token_ms']}/token ms")
     if not check:
         return
-    table = Table(title=f"concurrency2: calibrated mock vs MLX (acceptance {check['acceptance']})")
-    for col in ("metric", "mlx mean", "mock mean", "error", "mlx p99", "mock p99", "error p99"):
+    table = Table(title=f"concurrency2: calibrated mock vs MLX ({check['runs']} runs, "
+                        f"acceptance {check['acceptance']})")
+    for col in ("metric", "mlx mean", "mock mean", "error", "mlx p99", "mock p99", "error"):
         table.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
-    pct = lambda x: "-" if x is None else f"{x:+.1%}"
-    for metric in ("round_ms", "decode_ms", "classic_itl_ms"):
+    ms = lambda x: "-" if x is None else f"{x:.2f}"
+    pct = lambda x: "-" if x is None else f"{x:+.0%}"
+    for metric in METRICS:
         m = check[metric]
-        table.add_row(metric, str(m["mlx"]["mean"]), str(m["mock"]["mean"]), pct(m["error"]["mean"]),
-                      str(m["mlx"]["p99"]), str(m["mock"]["p99"]), pct(m["error"]["p99"]))
+        table.add_row(metric, ms(m["mlx"]["mean"]), ms(m["mock"]["mean"]), pct(m["error"]["mean"]),
+                      ms(m["mlx"]["p99"]), ms(m["mock"]["p99"]), pct(m["error"]["p99"]))
     out.print(table)
