@@ -203,8 +203,9 @@ class Scheduler:
         job = self.job
         if self.arbiter is not None:
             detail = self.arbiter.start_round(job, detail)
+        live = tuple(r.id for r in job.live_rows)  # a window's finished rows are not in this tick
         emissions = self._run_slice(job, job.step if job.is_begun else job.begin)
-        return Executed(ActionKind.SPEC_ROUND, tuple(job.ids), detail, emissions,
+        return Executed(ActionKind.SPEC_ROUND, live, detail, emissions,
                         spec_worked=list(job.last_worked))
 
     def _run_slice(self, job: SpecJob, slice_fn) -> list[Emission]:

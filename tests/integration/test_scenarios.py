@@ -139,7 +139,10 @@ def test_batched_window_yields_between_rounds():
     window = next(t for t in trace["ticks"] if t["detail"] == "window")
     assert len(window["request_ids"]) == 4
     rounds = [t for t in trace["ticks"] if t["action"] == "spec_round"]
-    assert rounds and all(len(t["request_ids"]) == 4 for t in rounds)
+    assert rounds and len(rounds[0]["request_ids"]) == 4
+    finished_at = {r["id"]: r["token_times_ms"][-1] for r in trace["requests"]}
+    for t in rounds:  # a row that finished no longer takes part in the window's rounds
+        assert all(finished_at[i] >= t["end_ms"] for i in t["request_ids"])
 
 
 @pytest.mark.parametrize("value", ["bogus", "DFLASH"])
