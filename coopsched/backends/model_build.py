@@ -189,7 +189,9 @@ def _build_once(path: Path, build) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
     try:
         build(tmp)
-        if path.exists():  # a half-written dir from an interrupted older build
+        if is_model_dir(path):  # another process won the race with the same bytes
+            return
+        if path.exists():  # incomplete: not from a rename, so nobody is reading it
             shutil.rmtree(path)
         tmp.rename(path)
     except OSError:
