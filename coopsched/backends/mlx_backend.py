@@ -55,6 +55,10 @@ class MlxBackend:
         self.model, self.tokenizer = load_model(self.model_dir)
         self.draft_model = load_model(self.draft_dir)[0] if self.draft_dir else None
         self.eos_token_id = int(self.tokenizer.eos_token_id)
+        self.vocab_size = int(self.model.args.vocab_size)
+        if self.draft_model is not None and int(self.draft_model.args.vocab_size) != self.vocab_size:
+            raise ValueError(f"draft model {self.draft_dir} has a {self.draft_model.args.vocab_size}-token "
+                             f"vocab but the target {self.model_dir} has {self.vocab_size}: they must share one")
         self._reset()
 
     def _reset(self) -> None:
@@ -65,7 +69,7 @@ class MlxBackend:
     def fresh(self) -> "MlxBackend":
         """A backend with no sequences that shares this one's loaded weights."""
         other = object.__new__(MlxBackend)
-        for name in ("model_dir", "draft_dir", "model", "tokenizer", "draft_model", "eos_token_id"):
+        for name in ("model_dir", "draft_dir", "model", "tokenizer", "draft_model", "eos_token_id", "vocab_size"):
             setattr(other, name, getattr(self, name))
         other._reset()
         return other
@@ -90,6 +94,10 @@ class MlxBackend:
         if not prompt:
             raise ValueError(f"sequence {seq_id!r}: empty prompt")
         prompt = [int(t) for t in prompt]
+        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:  # MLX would index the embedding out of bounds without a word
+            raise ValueError(f"sequence {seq_id!r}: token id {bad} is outside the model's vocab "
+                             f"(0..{self.vocab_size - 1})")
         seq = _Sequence(params, list(prompt), new_cache(self.model))
         # As generate_step: all but the last token in chunks, then the last one for the logits.
         for start in range(0, len(prompt) - 1, PREFILL_STEP):

@@ -92,6 +92,9 @@ def test_errors_name_the_problem(backend, models, tmp_path):
     with pytest.raises(ValueError, match="cannot rewind"):
         backend.rewind("x", 10)
     backend.release("x")
+    with pytest.raises(ValueError, match="outside the model's vocab"):
+        backend.prefill("z", [5, 512], SamplingParams(), False)
+    assert backend.num_live == 0
     with pytest.raises(FileNotFoundError, match="coopsched model build"):
         mlx_backend.MlxBackend(tmp_path / "missing")
     no_drafter = mlx_backend.MlxBackend(models.target)
