@@ -1,0 +1,226 @@
+"""Measure what the server adds, and coopsched serve beside mlx_lm.server on the same tiny models.
+
+    python tests/e2e/measure_server.py [--out reports/server-measure.json] [--skip-mlx]
+
+Not a test (real time, machine-dependent numbers): it prints a table and writes JSON.
+1. classic ITL p50/p99 in process (engine events) vs over HTTP (client arrivals), 1 and 16 streams;
+2. SSE tokens/s from a zero-cost mock at 32 streams;
+3. aggregate tokens/s and TTFT p95 at 4 and 16 concurrent streams, coopsched serve vs mlx_lm.server,
+   without and with a draft model (the latter serializes requests in mlx_lm.server).
+The client is one asyncio loop on raw sockets so it stays cheaper than the servers it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("MLXCEL_")},
+       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def pct(samples, q) -> float | None:
+    return float(np.percentile(samples, q)) if len(samples) else None
+
+
+# -- a minimal streaming client ----------------------------------------------------------
+async def stream_one(host: str, port: int, body: dict, t0: float) -> dict:
+    reader, writer = await asyncio.open_connection(host, port)
+    payload = json.dumps(body).encode()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+    await writer.drain()
+    sent = time.perf_counter() - t0
+    arrivals, completion_tokens = [], None
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        if not line.startswith(b"data: "):
+            continue
+        now = time.perf_counter() - t0
+        data = line[6:].strip()
+        if data == b"[DONE]":
+            break
+        event = json.loads(data)
+        if event.get("usage"):
+            completion_tokens = event["usage"]["completion_tokens"]
+        for choice in event.get("choices") or ():
+            if choice.get("text") or choice.get("token_ids"):
+                arrivals.append(now)
+    writer.close()
+    return {"sent": sent, "arrivals": arrivals, "completion_tokens": completion_tokens or len(arrivals)}
+
+
+async def stream_many(url: str, bodies: list[dict]) -> list[dict]:
+    host, port = re.match(r"http://([\d.]+):(\d+)", url).groups()
+    t0 = time.perf_counter()
+    return await asyncio.gather(*(stream_one(host, int(port), b, t0) for b in bodies))
+
+
+def body(i: int, max_tokens: int, speculative: bool = True, model: str | None = None) -> dict:
+    out = {"prompt": f"Request {i}: tell me about cooperative scheduling", "max_tokens": max_tokens,
+           "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+           "speculative": speculative}
+    if model:
+        out["model"] = model
+    return out
+
+
+def summarize(results: list[dict]) -> dict:
+    gaps = [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]
+    ttfts = [r["arrivals"][0] - r["sent"] for r in results if r["arrivals"]]
+    start = min(r["sent"] for r in results)
+    end = max(r["arrivals"][-1] for r in results if r["arrivals"])
+    tokens = sum(r["completion_tokens"] for r in results)
+    return {"itl_p50_ms": 1e3 * pct(gaps, 50), "itl_p99_ms": 1e3 * pct(gaps, 99),
+            "ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p95_ms": 1e3 * pct(ttfts, 95),
+            "ttft_max_ms": 1e3 * max(ttfts), "tokens": tokens, "aggregate_tok_s": tokens / (end - start)}
+
+
+# -- servers --------------------------------------------------------------------------------
+class Server:
+    def __init__(self, command: list[str], url: str | None = None) -> None:
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=ENV)
+        if url is None:
+            match = re.search(r"listening on (http://[\d.]+:\d+)", self.proc.stderr.readline())
+            url = match.group(1)
+        self.url = url
+        deadline = time.monotonic() + 120
+        while not self._healthy():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"server {command} did not come up")
+            time.sleep(0.2)
+
+    def _healthy(self) -> bool:
+        try:
+            host, port = re.match(r"http://([\d.]+):(\d+)", self.url).groups()
+            with socket.create_connection((host, int(port)), timeout=1) as s:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                return b" 200 " in s.recv(64)
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def coopsched_serve(*args: str) -> Server:
+    return Server([sys.executable, "-m", "coopsched.cli", "serve", "--port", "0", "--log-level", "warning",
+                   *args])
+
+
+def mlx_lm_server(model: Path, draft: Path | None) -> Server:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port),
+               "--log-level", "WARNING"]
+    if draft is not None:
+        command += ["--draft-model", str(draft)]
+    return Server(command, f"http://127.0.0.1:{port}")
+
+
+# -- 1. overhead: in process vs over HTTP ------------------------------------------------------
+def in_process_itl(num_streams: int, max_tokens: int, decode_ms: float) -> dict:
+    from coopsched.clock import RealClock
+    from coopsched.core import Request, Scheduler, SchedulerConfig
+    from coopsched.engine import Engine
+    from mocks import CostModel, MockBackend
+
+    clock = RealClock()
+    backend = MockBackend(clock, CostModel.simple(decode_ms, 30.0, 0.2))
+    config = SchedulerConfig(max_batch_size=max(num_streams, 1), num_kv_slots=max(num_streams, 1))
+    times: dict[str, list[float]] = {}
+    engine = Engine(Scheduler(config, backend), clock,
+                    on_event=lambda e: times.setdefault(e.seq_id, []).extend([e.time_ms] * len(e.token_ids)))
+    engine.run([Request(f"r{i}", tuple(body(i, 1)["prompt"].encode()), max_tokens=max_tokens, speculative=False)
+                for i in range(num_streams)])
+    gaps = [b - a for t in times.values() for a, b in zip(t, t[1:])]
+    return {"itl_p50_ms": pct(gaps, 50), "itl_p99_ms": pct(gaps, 99)}
+
+
+def overhead(decode_ms: float = 5.0, max_tokens: int = 200) -> dict:
+    out = {}
+    with coopsched_serve("--decode-ms", str(decode_ms), "--max-batch-size", "16", "--num-slots", "32") as server:
+        asyncio.run(stream_many(server.url, [body(0, 8, False)]))  # warm-up
+        for n in (1, 16):
+            http = summarize(asyncio.run(stream_many(server.url, [body(i, max_tokens, False) for i in range(n)])))
+            out[f"{n}_streams"] = {"in_process": in_process_itl(n, max_tokens, decode_ms),
+                                   "http": {k: http[k] for k in ("itl_p50_ms", "itl_p99_ms")}}
+    return out
+
+
+# -- 2. SSE throughput from a zero-cost mock -----------------------------------------------------
+def sse_throughput(num_streams: int = 32, max_tokens: int = 1000) -> dict:
+    with coopsched_serve("--decode-ms", "0", "--round-ms", "0", "--prefill-ms-per-token", "0",
+                         "--max-batch-size", str(num_streams), "--num-slots", str(num_streams)) as server:
+        asyncio.run(stream_many(server.url, [body(0, 8, False)]))
+        result = summarize(asyncio.run(stream_many(server.url, [body(i, max_tokens, False)
+                                                                for i in range(num_streams)])))
+    return {"streams": num_streams, "tokens": result["tokens"], "sse_tok_s": result["aggregate_tok_s"]}
+
+
+# -- 3. side by side with mlx_lm.server --------------------------------------------------------------
+def side_by_side(model: Path, draft: Path, max_tokens: int = 128) -> dict:
+    out = {}
+    for label, with_draft in (("no_draft", False), ("draft", True)):
+        d = draft if with_draft else None
+        servers = {
+            "coopsched": lambda: coopsched_serve("--backend", "mlx", "--model", str(model), *(
+                ["--draft-model", str(d)] if d else []), "--max-batch-size", "16", "--num-slots", "32"),
+            "mlx_lm": lambda: mlx_lm_server(model, d),
+        }
+        for name, start in servers.items():
+            with start() as server:
+                asyncio.run(stream_many(server.url, [body(0, 8)]))
+                for n in (4, 16):
+                    result = summarize(asyncio.run(stream_many(server.url, [body(i, max_tokens) for i in range(n)])))
+                    out.setdefault(label, {}).setdefault(f"{n}_streams", {})[name] = {
+                        k: result[k] for k in ("aggregate_tok_s", "ttft_p95_ms", "ttft_max_ms", "tokens")}
+        for n in (4, 16):
+            row = out[label][f"{n}_streams"]
+            row["throughput_ratio"] = row["coopsched"]["aggregate_tok_s"] / row["mlx_lm"]["aggregate_tok_s"]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("reports/server-measure.json"))
+    parser.add_argument("--skip-mlx", action="store_true")
+    args = parser.parse_args()
+    report = {"overhead": overhead(), "sse": sse_throughput()}
+    if not args.skip_mlx:
+        from coopsched.backends.model_build import ensure_tiny_models
+
+        model, draft = ensure_tiny_models()
+        report["vs_mlx_lm"] = side_by_side(model, draft)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
