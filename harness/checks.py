@@ -61,8 +61,11 @@ def terms_of(run) -> Terms:
     walls = lambda kind: [t.wall_ms for t in run.ticks if t.action == kind and t.detail != "burst"]
     decode = max(walls(ActionKind.DECODE.value), default=0.0)
     round_ms = max(walls(ActionKind.SPEC_ROUND.value), default=0.0)
-    slice0 = {rid: max(t.wall_ms for t in run.ticks if rid in t.request_ids and t.detail == "slice0")
-              for rid in windows if any(rid in t.request_ids and t.detail == "slice0" for t in run.ticks)}
+    slice0: dict[str, float] = {}
+    for t in run.ticks:
+        if t.detail in ("slice0", "window"):  # a window's admission prefills all of its rows
+            for rid in t.request_ids:
+                slice0[rid] = max(slice0.get(rid, 0.0), t.wall_ms)
     prefill = {t.request_ids[0]: t.wall_ms for t in run.ticks if t.detail == "admit"}
     return Terms(decode, round_ms, slice0, prefill, REAL_TIME_ALLOWANCE)
 
