@@ -51,6 +51,7 @@ class FaultyBackend:
         self.calls: list[tuple[str, tuple[str, ...]]] = []   # model calls since the last take_calls()
         self.num_calls: dict[tuple[str, str], int] = {}      # (call, seq_id) -> calls so far
         self.fired: list[tuple[Fault, tuple[str, ...]]] = []  # (fault, rows of the call it hit)
+        self.prompt_rules: list[tuple[str, str, tuple[str, ...], int]] = []
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
@@ -58,6 +59,11 @@ class FaultyBackend:
     def arm(self, fault: Fault) -> Fault:
         self.faults.append(fault)
         return fault
+
+    def arm_on_prompt(self, marker: str, kind: str, calls: Sequence[str], skip: int = 0) -> None:
+        """Requests whose prompt text contains `marker` get `kind` on their `skip`+1-th matching call
+        (the server picks request ids, so a test can only name a request by its prompt)."""
+        self.prompt_rules.append((marker, kind, tuple(calls), skip))
 
     def take_calls(self) -> list[tuple[str, tuple[str, ...]]]:
         calls, self.calls = self.calls, []
@@ -85,6 +91,10 @@ class FaultyBackend:
 
     # -- ModelBackend ---------------------------------------------------------
     def prefill(self, seq_id, prompt, params, with_draft):
+        for marker, kind, calls, skip in self.prompt_rules:
+            if marker in self.inner.detokenize(prompt):
+                for call in calls:
+                    self.arm(Fault(kind, call, seq_id, skip=skip))
         self._gate("prefill", (seq_id,))
         return self.inner.prefill(seq_id, prompt, params, with_draft)
 

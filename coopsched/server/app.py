@@ -12,13 +12,13 @@ import gc
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coopsched.core.request import RequestError
 
-from . import protocol
+from . import openapi, protocol
 from .protocol import ApiError, CompletionParams, Envelope
 from .runtime import Delivery, EngineHost, Live, ModelCallFailed, QueueFull
 from .stream import TextStream
@@ -48,11 +48,14 @@ def create_app(host: EngineHost) -> FastAPI:
         error = ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
         return JSONResponse(error.body(), status_code=exc.status_code)
 
-    @app.post("/v1/completions")
+    context, names = host.config.slot_tokens, [host.model.name, *host.model.aliases]
+    completion_schema = openapi.completion_request(host.model.vocab_size, context, names)
+
+    @app.post("/v1/completions", openapi_extra=openapi.operation(completion_schema))
     async def completions(request: Request):
         return await _complete(host, request, is_chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi.operation(openapi.chat_request(context, names)))
     async def chat_completions(request: Request):
         return await _complete(host, request, is_chat=True)
 
@@ -74,7 +77,7 @@ def create_app(host: EngineHost) -> FastAPI:
             body["error"] = repr(host.failure)
         return JSONResponse(body, status_code=200 if host.is_healthy else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)  # documents the Prometheus text type
     async def metrics():
         return Response(host.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

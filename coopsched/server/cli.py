@@ -7,7 +7,9 @@ decide the scheduler mode as DESIGN.md section 4 says (`--mode` wins over them).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -100,6 +102,26 @@ def main(args: argparse.Namespace) -> int:
     config = host.config
     print(f"coopsched serve: {host.model.name} listening on http://{args.host}:{port} mode={config.mode} "
           f"K={config.block_size} context={config.slot_tokens}", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(host), log_level="warning", access_log=False))
+    server = _graceful_server(uvicorn, uvicorn.Config(create_app(host), log_level="warning", access_log=False),
+                              host)
+    # uvicorn re-raises SIGTERM after its graceful shutdown; a handler that ignores it lets us exit 0
+    signal.signal(signal.SIGTERM, lambda *_: None)
     server.run(sockets=[sock])
     return 0
+
+
+def _graceful_server(uvicorn, config, host):
+    """On SIGTERM/SIGINT every open stream first ends with an error event, then uvicorn drains."""
+    from .protocol import ApiError
+
+    class GracefulServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:  # runs in a signal handler: hand the work to the event loop
+                error = ApiError(503, "the server is shutting down", code="server_shutting_down")
+                try:
+                    asyncio.get_running_loop().call_soon_threadsafe(host.fail_open, error)
+                except RuntimeError:  # no loop yet (still starting): nothing is open
+                    pass
+            super().handle_exit(sig, frame)
+
+    return GracefulServer(config)

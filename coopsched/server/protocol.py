@@ -76,9 +76,15 @@ def _opt(body: dict, name: str, kind: type | tuple, want: str, default=None):
     # bool is an int in Python; JSON true is never a number here
     if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
         raise _type_error(name, want, value)
+    if kind is int and _is_integral(value):  # JSON has one number type: 22.0 is the integer 22
+        return int(value)
     if not isinstance(value, kind):
         raise _type_error(name, want, value)
     return value
+
+
+def _is_integral(value) -> bool:
+    return isinstance(value, float) and value.is_integer()
 
 
 def _parse_stop(body: dict) -> tuple[str, ...]:
@@ -101,6 +107,8 @@ def parse_prompt(value, encode: Callable[[str], list[int]], vocab_size: int) -> 
     """A prompt as text, a list of token ids, or a one-element list of either."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
+    if isinstance(value, list):
+        value = [int(t) if _is_integral(t) else t for t in value]
     if isinstance(value, str):
         ids = encode(value)
     elif isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):

@@ -113,6 +113,15 @@ class EngineHost:
         self.engine.submit(request)
         return live
 
+    def fail_open(self, error: Exception) -> int:
+        """End every open request with `error` (the server is stopping) and cancel its row."""
+        with self._lock:
+            doomed, self._live, self._num_waiting = list(self._live.values()), {}, 0
+        for live in doomed:
+            self.engine.cancel(live.request.id)
+            self._deliver(live, Delivery(error=error))
+        return len(doomed)
+
     def cancel(self, seq_id: str) -> None:
         """The client went away: the row stops at its next round or decode step, freeing its slot."""
         with self._lock:
