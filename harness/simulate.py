@@ -260,8 +260,8 @@ def print_summary(console, outcome: Outcome, faults, elapsed: float, args) -> No
     from rich.table import Table
 
     c = outcome.counts
-    table = Table(title=f"coopsched simulate: seeds {args.start}..{args.start + outcome.seeds - 1}, "
-                        f"faults {','.join(faults) or 'none'}")
+    table = Table(title=f"coopsched simulate: seeds {args.start}..{args.start + outcome.seeds - 1}",
+                  caption=f"faults: {', '.join(faults) or 'none'}")
     table.add_column("what")
     table.add_column("count", justify="right")
     rows = [("seeds", outcome.seeds), ("seeds/s", f"{outcome.seeds / max(elapsed, 1e-9):.0f}"),
@@ -270,7 +270,7 @@ def print_summary(console, outcome: Outcome, faults, elapsed: float, args) -> No
     rows += [("KV-full ticks (admission waited)", c["kv_full_ticks"]),
              ("refused: too long for a slot", c["refused:too-long"]),
              ("rotations / waiter parks", f"{c['rotations']} / {c['waiter_parks']}"),
-             ("cancels (between ticks)", c["event:cancel"]), ("drafter outages", c["event:drafter-down"])]
+             ("cancel events (between ticks)", c["event:cancel"]), ("drafter outages", c["event:drafter-down"])]
     rows += [(k.replace("fired:", "fault fired: "), v) for k, v in sorted(c.items()) if k.startswith("fired:")]
     for name, value in rows:
         table.add_row(name, str(value))

@@ -1,0 +1,196 @@
+"""Soak: locust (scenarios/soak.py) against a mock `coopsched serve` while its RSS is watched.
+
+    python -m harness.soak [--users 64] [--duration 300] [--warmup 30] [--report PATH]
+
+Passes iff locust saw zero failures, the server's RSS grew less than --max-rss-growth
+from the end of the warm-up to the end of the load, the server was idle afterwards
+(no slot, no running or waiting request) and exited 0 on SIGTERM. Prints a table
+and writes a JSON report. The tox env `soak` runs it (not part of the default run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "soak.py"
+DEFAULT_REPORT = Path("reports/soak/latest.json")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m harness.soak", description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=64)
+    parser.add_argument("--spawn-rate", type=float, default=16)
+    parser.add_argument("--duration", type=int, default=300, help="seconds of load (default 300)")
+    parser.add_argument("--warmup", type=int, default=30, help="seconds before the RSS baseline (default 30)")
+    parser.add_argument("--max-rss-growth", type=float, default=0.10, help="allowed fraction (default 0.10)")
+    parser.add_argument("--decode-ms", default="5")
+    parser.add_argument("--round-ms", default="30")
+    parser.add_argument("--report", type=Path, default=DEFAULT_REPORT)
+    return parser.parse_args(argv)
+
+
+def start_server(args) -> tuple[subprocess.Popen, str, list[str]]:
+    cmd = [sys.executable, "-m", "coopsched.cli", "serve", "--port", "0", "--decode-ms", args.decode_ms,
+           "--round-ms", args.round_ms, "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    first = proc.stderr.readline()
+    match = re.search(r"listening on (http://[\d.]+:\d+)", first)
+    if not match:
+        proc.kill()
+        raise SystemExit(f"the server did not start: {first}{proc.stderr.read()}")
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+    return proc, match.group(1), log
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def metrics(url: str) -> dict[str, float]:
+    out = {}
+    for line in get(f"{url}/metrics").splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_until(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def is_idle(url: str) -> bool:
+    m = metrics(url)
+    return (m["coopsched_kv_slots_in_use"], m["coopsched_requests_running"],
+            m["coopsched_requests_waiting"]) == (0, 0, 0)
+
+
+def locust_stats(prefix: str) -> list[dict]:
+    with open(f"{prefix}_stats.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def run(args) -> dict:
+    import psutil
+
+    server, url, log = start_server(args)
+    try:
+        if not wait_until(lambda: get(f"{url}/health") and True, 30):
+            raise SystemExit("the server never answered /health")
+        rss = psutil.Process(server.pid).memory_info
+        idle_rss = rss().rss
+        with tempfile.TemporaryDirectory() as tmp:
+            prefix = f"{tmp}/soak"
+            locust = subprocess.Popen(
+                [sys.executable, "-m", "locust", "-f", str(SCENARIO), "--headless", "-u", str(args.users),
+                 "-r", str(args.spawn_rate), "-t", f"{args.duration}s", "--host", url, "--csv", prefix,
+                 "--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            began, samples = time.monotonic(), []
+            while locust.poll() is None:
+                samples.append((time.monotonic() - began, rss().rss))
+                time.sleep(2.0)
+            locust_err = locust.stderr.read()
+            rows = locust_stats(prefix)
+        is_quiet = wait_until(lambda: is_idle(url), 30)
+        loaded = [s for s in samples if args.warmup <= s[0] <= args.duration] or samples
+        server.send_signal(signal.SIGTERM)
+        server_rc = server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    baseline, final = loaded[0][1], loaded[-1][1]
+    total = next(r for r in rows if r["Name"] == "Aggregated")
+    return {
+        "users": args.users, "duration_s": args.duration, "warmup_s": args.warmup,
+        "requests": int(total["Request Count"]), "failures": int(total["Failure Count"]),
+        "requests_per_s": float(total["Requests/s"]), "p50_ms": float(total["50%"] or 0),
+        "p95_ms": float(total["95%"] or 0), "p99_ms": float(total["99%"] or 0),
+        "by_name": {r["Name"]: {"requests": int(r["Request Count"]), "failures": int(r["Failure Count"]),
+                                "p95_ms": float(r["95%"] or 0)} for r in rows if r["Name"] != "Aggregated"},
+        "rss_idle_mb": idle_rss / 2**20, "rss_baseline_mb": baseline / 2**20, "rss_final_mb": final / 2**20,
+        "rss_max_mb": max(s[1] for s in loaded) / 2**20, "rss_growth": (final - baseline) / baseline,
+        "rss_samples_mb": [[round(t, 1), round(b / 2**20, 2)] for t, b in samples],
+        "idle_after": is_quiet, "server_exit_code": server_rc, "locust_exit_code": locust.returncode,
+        "locust_stderr_tail": locust_err[-2000:], "server_log_tail": "".join(log[-20:])[-2000:],
+    }
+
+
+def verdict(report: dict, max_growth: float) -> list[str]:
+    problems = []
+    if report["failures"]:
+        problems.append(f"{report['failures']} failed requests")
+    if report["rss_growth"] >= max_growth:
+        problems.append(f"RSS grew {report['rss_growth']:.1%} (limit {max_growth:.0%})")
+    if not report["idle_after"]:
+        problems.append("the server still held slots or requests after the load")
+    if report["server_exit_code"] != 0:
+        problems.append(f"the server exited {report['server_exit_code']} on SIGTERM")
+    if report["requests"] == 0:
+        problems.append("no requests were made")
+    return problems
+
+
+def print_table(report: dict, problems: list[str], max_growth: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"soak: {report['users']} users x {report['duration_s']} s on the mock server")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_column("limit", justify="right")
+    rows = [("requests", f"{report['requests']}", ""), ("failures", f"{report['failures']}", "0"),
+            ("requests/s", f"{report['requests_per_s']:.1f}", ""),
+            ("latency p50 / p95 / p99 ms", f"{report['p50_ms']:.0f} / {report['p95_ms']:.0f} / "
+                                           f"{report['p99_ms']:.0f}", ""),
+            ("RSS idle MB", f"{report['rss_idle_mb']:.1f}", ""),
+            (f"RSS after {report['warmup_s']} s warm-up MB", f"{report['rss_baseline_mb']:.1f}", ""),
+            ("RSS at end of load MB", f"{report['rss_final_mb']:.1f}", ""),
+            ("RSS max under load MB", f"{report['rss_max_mb']:.1f}", ""),
+            ("RSS growth", f"{report['rss_growth']:+.1%}", f"< {max_growth:.0%}"),
+            ("idle after the load", str(report["idle_after"]), "True"),
+            ("server exit code on SIGTERM", str(report["server_exit_code"]), "0")]
+    rows += [(f"  {name}", f"{v['requests']} req, {v['failures']} failed, p95 {v['p95_ms']:.0f} ms", "")
+             for name, v in sorted(report["by_name"].items())]
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    console.print("[green]soak passed[/]" if not problems else f"[red]soak failed:[/] {'; '.join(problems)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    problems = verdict(report, args.max_rss_growth)
+    report["ok"] = not problems
+    report["problems"] = problems
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(json.dumps(report, indent=1) + "\n")
+    print_table(report, problems, args.max_rss_growth)
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
