@@ -143,6 +143,7 @@ def test_a_hundred_clients_disconnecting_mid_stream_leak_no_slot(plant):
             assert not wait_for(lambda: idle(served), timeout_s=3)
             assert served.metrics()["coopsched_kv_slots_in_use"] > 0
             return
+        assert not [s for s in seen if isinstance(s, BaseException)], seen
         assert sum(1 for n in seen if n > 0) == 80, seen  # the others left before their first token
         assert wait_for(lambda: idle(served), timeout_s=10), served.metrics()
         response = httpx.post(f"{served.url}/v1/completions", json={"prompt": "after", "max_tokens": 5},
