@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from coopsched.clock import ManualClock, RealClock
 from coopsched.env import GateError
 
 from . import runner, scenario
@@ -95,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
             traces = [run_against_target(s, args.target, args.seed, console) for s in scenarios]
         else:
             factory = backend_factory(args)
-            clock = runner.RealClock if args.backend == "mlx" else runner.ManualClock
+            clock = RealClock if args.backend == "mlx" else ManualClock
             options = {} if args.hol_budget_ms is None else {"hol_budget_ms": args.hol_budget_ms}
             traces = [runner.run_scenario(s, m, args.seed, backend_factory=factory, clock_factory=clock,
                                           options=options)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coopsched.clock import ManualClock, RealClock
+from coopsched.clock import ManualClock
 from coopsched.core import Request, Scheduler, SchedulerConfig, TickRecord
 from coopsched.engine import Engine
 from coopsched.env import Gates

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from coopsched.clock import ManualClock
-from coopsched.core import Request, Scheduler, SchedulerConfig
+from collections.abc import Callable
+
+from coopsched.core import Request, SamplingParams, Scheduler, SchedulerConfig
 from coopsched.engine import Engine
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
@@ -21,6 +23,29 @@ def make_scheduler(backend=None, **overrides) -> Scheduler:
 def make_requests(n: int, prompt_len: int = 8, max_tokens: int = 16, prefix: str = "r", **kwargs) -> list[Request]:
     return [Request(f"{prefix}{i}", tuple(65 + (i + j) % 26 for j in range(prompt_len)), max_tokens, **kwargs)
             for i in range(n)]
+
+
+def mixed_requests(speculative: bool) -> list[Request]:
+    """Two classic rows, three same-shape speculative candidates arriving together, one seeded sample."""
+    classic = make_requests(2, prompt_len=6, max_tokens=50, prefix="c", speculative=False)
+    spec = make_requests(3, prompt_len=9, max_tokens=37, prefix="s", speculative=speculative)
+    seeded = Request("t", (1, 2, 3, 4), 30, SamplingParams(0.9, 7), speculative=speculative)
+    for r in spec + [seeded]:
+        r.arrival_ms = 10.0
+    return classic + spec + [seeded]
+
+
+def serve_both_ways(make: "Callable[[], Scheduler]") -> tuple[dict, dict, Scheduler, object]:
+    """Outputs of mixed_requests with speculation on and forced off; the speculative run's scheduler and result."""
+    outputs, spec_run = {}, None
+    for speculative in (True, False):
+        scheduler = make()
+        requests = mixed_requests(speculative)
+        result = run(scheduler, requests)
+        outputs[speculative] = {r.id: (r.output_token_ids, r.finish_reason) for r in requests}
+        if speculative:
+            spec_run = (scheduler, result)
+    return outputs[True], outputs[False], *spec_run
 
 
 def run(scheduler: Scheduler, requests, clock=None):

@@ -18,7 +18,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from coopsched.clock import ManualClock
 from coopsched.core import MODES, Priority, Request, RequestError, SamplingParams, Scheduler, SchedulerConfig
 from harness.faults import ANY, Fault, FaultyBackend
-from harness.invariants import Checked, InvariantError
+from harness.invariants import Checked
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 from plants import apply
 

@@ -3,9 +3,9 @@
 from collections import Counter
 
 import pytest
-from factories import make_backend, make_requests, make_scheduler, run, token_times
+from factories import make_backend, make_requests, make_scheduler, run, serve_both_ways, token_times
 
-from coopsched.core import Request, SamplingParams
+from coopsched.core import Request
 from coopsched.core.arbiter import CostEstimator
 from mocks import CostModel
 
@@ -103,21 +103,7 @@ def test_a_budget_below_the_floor_alternates_at_the_smallest_k_instead_of_starvi
 @pytest.mark.parametrize("budget", [12.0, 50.0, 400.0])
 @pytest.mark.parametrize("batched", [False, True], ids=["b1", "window"])
 def test_cost_mode_parity_with_speculation_off(budget, batched):
-    def requests(speculative):
-        classic = make_requests(2, prompt_len=6, max_tokens=50, prefix="c", speculative=False)
-        spec = make_requests(3, prompt_len=9, max_tokens=37, prefix="s", speculative=speculative)
-        seeded = Request("t", (1, 2, 3, 4), 30, SamplingParams(0.9, 7), speculative=speculative)
-        for r in spec + [seeded]:
-            r.arrival_ms = 10.0
-        return classic + spec + [seeded]
-
-    outputs = {}
-    for speculative in (True, False):
-        sched = make_scheduler(make_backend(cost=COST, accept_prob=0.6), mode="cost", hol_budget_ms=budget,
-                               enable_batch=batched)
-        reqs = requests(speculative)
-        run(sched, reqs)
-        outputs[speculative] = {r.id: (r.output_token_ids, r.finish_reason) for r in reqs}
-        if speculative:
-            assert sched.obs.rounds > 0
-    assert outputs[True] == outputs[False]
+    spec, classic, sched, _ = serve_both_ways(lambda: make_scheduler(
+        make_backend(cost=COST, accept_prob=0.6), mode="cost", hol_budget_ms=budget, enable_batch=batched))
+    assert sched.obs.rounds > 0
+    assert spec == classic

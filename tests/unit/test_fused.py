@@ -1,7 +1,7 @@
 """Fused mode (issue 7): the policy table, the mock's fused forward, exact gaps, parity, HOL books."""
 
 import pytest
-from factories import make_backend, make_requests, make_scheduler, run, token_times
+from factories import make_backend, make_scheduler, run, serve_both_ways, token_times
 
 from coopsched.clock import ManualClock
 from coopsched.core import Request, SamplingParams
@@ -85,25 +85,11 @@ def test_every_classic_gap_is_one_fused_step_except_the_admission():
 @pytest.mark.parametrize("accept_prob", [0.0, 0.5, 1.0], ids=["all-miss", "half", "all-accept"])
 @pytest.mark.parametrize("batched", [False, True], ids=["b1", "window"])
 def test_fused_parity_with_speculation_off(accept_prob, batched):
-    def requests(speculative):
-        classic = make_requests(2, prompt_len=6, max_tokens=50, prefix="c", speculative=False)
-        spec = make_requests(3, prompt_len=9, max_tokens=37, prefix="s", speculative=speculative)
-        seeded = Request("t", (1, 2, 3, 4), 30, SamplingParams(0.9, 7), speculative=speculative)
-        for r in spec + [seeded]:
-            r.arrival_ms = 10.0
-        return classic + spec + [seeded]
-
-    outputs = {}
-    for speculative in (True, False):
-        sched = make_scheduler(make_backend(cost=COST, accept_prob=accept_prob), mode="fused",
-                               enable_batch=batched)
-        reqs = requests(speculative)
-        result = run(sched, reqs)
-        outputs[speculative] = {r.id: (r.output_token_ids, r.finish_reason) for r in reqs}
-        if speculative:
-            assert any(t.action == "fused" for t in result.ticks)
-            assert any(t.detail == "window" for t in result.ticks) == batched
-    assert outputs[True] == outputs[False]
+    spec, classic, _, result = serve_both_ways(lambda: make_scheduler(
+        make_backend(cost=COST, accept_prob=accept_prob), mode="fused", enable_batch=batched))
+    assert any(t.action == "fused" for t in result.ticks)
+    assert any(t.detail == "window" for t in result.ticks) == batched
+    assert spec == classic
 
 
 def test_a_cancelled_spec_row_still_lets_the_classic_rows_decode_in_that_tick():

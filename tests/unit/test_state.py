@@ -6,7 +6,7 @@ from coopsched.core import FinishReason, Priority, Request, RequestError
 from coopsched.core.commit import commit_tokens
 from coopsched.core.kv import KVSlotPool
 from coopsched.core.queue import PrefillQueue
-from factories import make_requests, make_scheduler, run
+from factories import make_requests, make_scheduler
 from mocks import ByteTokenizer
 
 DETOK = ByteTokenizer().decode
