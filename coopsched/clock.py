@@ -1,7 +1,7 @@
 """Clocks the engine injects: virtual (a manual clock advanced by charged cost) and real.
 
 Both read in ms. `sleep` is how a mock backend pays its cost: exact in virtual
-time, precise in real time (sleep most of it, spin the last stretch).
+time, precise in real time (sleep most of it, then short sleeps that release the GIL).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class ManualClock:
 
 class RealClock:
     kind = "real"
-    _SPIN_MS = 1.0
+    _FINE_MS = 0.2  # the last stretch is waited out in short sleeps, never a busy loop
 
     def __init__(self) -> None:
         self._origin_ns = time.perf_counter_ns()
@@ -38,11 +38,13 @@ class RealClock:
         return (time.perf_counter_ns() - self._origin_ns) / 1e6
 
     def sleep(self, ms: float) -> None:
+        """Sleep precisely without holding the GIL: a spinning worker thread starves the
+        server's event loop (every GIL hand-off can wait a whole switch interval)."""
         deadline = self.now() + ms
-        if ms > self._SPIN_MS:
-            time.sleep((ms - self._SPIN_MS) / 1e3)
-        while self.now() < deadline:
-            pass
+        if ms > self._FINE_MS:
+            time.sleep((ms - self._FINE_MS) / 1e3)
+        while (left := deadline - self.now()) > 0:
+            time.sleep(min(left, 0.05) / 1e3)
 
     def advance_to(self, t_ms: float) -> None:
         wait = t_ms - self.now()
