@@ -9,6 +9,7 @@ from coopsched.cli import main as cli
 from harness import mode_checks, runner, scenario
 from harness.checks import terms_of
 from harness.cli_run import RUN_MODES
+from harness.scenario import SCENARIO_DIR
 from harness.summary import summary_row
 from mocks import CostModel, MockBackend
 
@@ -178,12 +179,9 @@ def test_fused_and_cost_traces_are_byte_reproducible():
             runner.dumps([runner.run_scenario(scen, mode, seed=2)])
 
 
-# A profile shaped like `coopsched calibrate` on this kind of CPU (tiny MLX model): a forward costs
-# about the same whether it decodes or verifies, and width is cheap.
-CALIBRATED = CostModel(prefill_fixed_ms=1.554, prefill_per_token_ms=0.122, draft_prefill_per_token_ms=0.123,
-                       decode_ms=[[1, 1.203], [2, 1.471], [4, 2.016], [8, 2.898]], draft_per_token_ms=1.189,
-                       verify_ms=[[1, 1.233], [2, 1.508], [3, 1.662], [4, 1.919], [8, 3.051], [16, 5.086],
-                                  [32, 8.834]])
+# `coopsched calibrate` on this kind of CPU (tiny MLX model): a forward costs about the same
+# whether it decodes or verifies, and width is cheap. Shipped for `coopsched run --cost`.
+CALIBRATED = CostModel.load(SCENARIO_DIR / "profiles" / "mlx-cpu-s.json")
 
 
 def _calibrated(clock, scen, seed):
