@@ -43,11 +43,21 @@ class Terms:
         return max([self.round_ms, *self.slice0_ms.values()])
 
 
+def widest_job(run) -> int:
+    """Rows in the widest speculative job the run admitted (1 unless a B > 1 window ran)."""
+    return max((len(t.request_ids) for t in run.ticks if t.detail in ADMISSION_DETAILS), default=1)
+
+
+def worst_gap(pairs) -> tuple[float, float] | None:
+    """The (gap, bound) pair that exceeds its bound the most (or comes closest)."""
+    return max(pairs, key=lambda p: p[0] - p[1], default=None)
+
+
 def terms_of(run) -> Terms:
     windows = {rid: t.request_ids for t in run.ticks if t.detail in ADMISSION_DETAILS
                for rid in t.request_ids}
     num_classic = sum(not r.served_speculatively for r in run.requests)
-    widest = max((len(ids) for ids in windows.values()), default=1)
+    widest = widest_job(run)
     k = run.config.block_size
     if run.cost is not None:
         cost = run.cost
@@ -91,11 +101,7 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
     """
     expect = "pass" if run.config.is_sliced else "fail"
     base = terms.decode_ms + spec_actions_per_gap * terms.spec_action_ms
-    worst = None
-    for gap, extra in classic_gaps(run, terms):
-        bound = (base + extra) * terms.factor
-        if worst is None or gap - bound > worst[0] - worst[1]:
-            worst = (gap, bound)
+    worst = worst_gap((gap, (base + extra) * terms.factor) for gap, extra in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, expect, "no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,

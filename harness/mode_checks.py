@@ -18,13 +18,9 @@ from coopsched.core.arbiter import MIN_BLOCK_SIZE
 from coopsched.core.policy import ActionKind
 
 from . import metrics
-from .checks import ADMISSION_DETAILS, EPS_MS, Terms, check, classic_gaps
+from .checks import EPS_MS, Terms, check, classic_gaps, widest_job, worst_gap
 
 DEFAULT_MIN_RATIO = 0.95
-
-
-def _widest_job(run) -> int:
-    return max((len(t.request_ids) for t in run.ticks if t.detail in ADMISSION_DETAILS), default=1)
 
 
 def _num_classic_rows(run) -> int:
@@ -37,7 +33,7 @@ def fused_step_ms(run) -> float:
     k = run.config.block_size
     if run.cost is None:  # real backend: the longest fused tick measured
         return max((t.wall_ms for t in run.ticks if t.action == ActionKind.FUSED.value), default=0.0)
-    return run.cost.draft(k - 1) + run.cost.decode(_num_classic_rows(run) + _widest_job(run) * k)
+    return run.cost.draft(k - 1) + run.cost.decode(_num_classic_rows(run) + widest_job(run) * k)
 
 
 def spec_action_ms(run, terms: Terms) -> tuple[float, str]:
@@ -52,17 +48,12 @@ def budget_floor_ms(run, terms: Terms) -> float:
     """The smallest classic gap with any speculation in it: a decode + the smallest round."""
     if run.cost is None:
         return terms.decode_ms + terms.round_ms
-    return terms.decode_ms + run.cost.round(MIN_BLOCK_SIZE, _widest_job(run))
-
-
-def _worst(pairs) -> tuple[float, float] | None:
-    """The (gap, bound) pair that exceeds its bound the most (or comes closest)."""
-    return max(pairs, key=lambda p: p[0] - p[1], default=None)
+    return terms.decode_ms + run.cost.round(MIN_BLOCK_SIZE, widest_job(run))
 
 
 def fused_gap_check(run, terms: Terms) -> dict:
     step = fused_step_ms(run)
-    worst = _worst((gap, (step + extra) * terms.factor) for gap, extra in classic_gaps(run, terms))
+    worst = worst_gap((gap, (step + extra) * terms.factor) for gap, extra in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, note="no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1],
@@ -72,7 +63,7 @@ def fused_gap_check(run, terms: Terms) -> dict:
 def budget_gap_check(run, terms: Terms) -> dict:
     budget = run.config.hol_budget_ms
     floor = budget_floor_ms(run, terms)
-    worst = _worst((gap, max(budget, terms.decode_ms + extra, floor) * terms.factor)
+    worst = worst_gap((gap, max(budget, terms.decode_ms + extra, floor) * terms.factor)
                    for gap, extra in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, note="no classic gaps")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from coopsched.core import FinishReason, Priority, Request, RequestError
+from coopsched.core import FinishReason, Priority, Request, RequestError, SamplingParams
 from coopsched.core.commit import commit_tokens
 from coopsched.core.kv import KVSlotPool
 from coopsched.core.queue import PrefillQueue
@@ -21,8 +21,7 @@ def test_request_that_can_never_fit_is_refused_with_the_numbers():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_tokens=0), "max_tokens=0 must be >= 1"),
-    (dict(max_tokens=4, sampling=__import__("coopsched.core", fromlist=["x"]).SamplingParams(-1.0)),
-     "temperature=-1.0 must be >= 0"),
+    (dict(max_tokens=4, sampling=SamplingParams(-1.0)), "temperature=-1.0 must be >= 0"),
 ])
 def test_bad_requests_name_the_value(kwargs, match):
     with pytest.raises(RequestError, match=match):
