@@ -12,12 +12,12 @@ import sys
 
 # command -> (module, help)
 COMMANDS = {
-    "run": ("harness.cli_run", "run scenarios and check their bounds"),
+    "run": ("harness.run.cli", "run scenarios and check their bounds"),
     "serve": ("coopsched.server.cli", "OpenAI-compatible streaming server with /metrics"),
     "model": ("coopsched.backends.model_build", "build tiny seeded MLX models offline"),
     "calibrate": ("coopsched.backends.calibrate", "measure MLX costs into a mock cost profile"),
-    "report": ("harness.report", "HTML/PNG report and benchmark trends"),
-    "simulate": ("harness.simulate", "seeded deterministic simulation with faults"),
+    "report": ("harness.report.build", "HTML/PNG report and benchmark trends"),
+    "simulate": ("harness.sim.simulate", "seeded deterministic simulation with faults"),
 }
 
 

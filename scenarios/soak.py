@@ -4,7 +4,7 @@
 
 Streaming and plain completions and chats, classic and speculative, short and long,
 a share of clients that drop their stream mid-way (the cancel path), and /metrics
-scrapes. A stream passes iff it ends with [DONE] and no error event. `harness/soak.py`
+scrapes. A stream passes iff it ends with [DONE] and no error event. `harness/live/soak.py`
 runs this against a mock server and watches the server's RSS.
 """
 

@@ -13,7 +13,8 @@ import warnings
 
 import pytest
 
-from harness import cli_run, gate, runner, scenario
+from harness.report import gate
+from harness.run import cli as cli_run, runner, scenario
 
 pytestmark = pytest.mark.bench
 SEED = 0

@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 from coopsched import cli
-from harness import cli_run, gate, history, plots, report, runner, scenario
+from harness.report import build as report, gate, history, plots
+from harness.run import cli as cli_run, runner, scenario
 
 pytestmark = pytest.mark.bench
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import coopsched.core.scheduler as scheduler_module
 from coopsched import cli
 from coopsched.server import cli as server_cli
 from coopsched.server.runtime import EngineHost
-from harness.faults import FaultyBackend
+from harness.sim.faults import FaultyBackend
 
 PLANTS = ("no-containment", "no-cancel", "plain-shutdown")
 

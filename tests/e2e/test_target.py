@@ -94,8 +94,8 @@ def free_port() -> int:
 
 def test_trace_bursts_agree_with_metrics():
     """One run seen twice: the --target trace's BurstFinalized records and the /metrics counters."""
-    from harness.http_target import run_against_target
-    from harness.scenario import load
+    from harness.live.http_target import run_against_target
+    from harness.run.scenario import load
 
     with serve("--decode-ms", "2", "--round-ms", "8") as served:
         before = served.metrics()

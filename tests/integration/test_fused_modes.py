@@ -6,11 +6,11 @@ import json
 import pytest
 
 from coopsched.cli import main as cli
-from harness import mode_checks, runner, scenario
-from harness.checks import terms_of
-from harness.cli_run import RUN_MODES
-from harness.scenario import SCENARIO_DIR
-from harness.summary import summary_row
+from harness.run import mode_checks, runner, scenario
+from harness.run.checks import terms_of
+from harness.run.cli import RUN_MODES
+from harness.run.scenario import SCENARIO_DIR
+from harness.run.summary import summary_row
 from mocks import CostModel, MockBackend
 
 HOL_SCENARIOS = ("concurrency2", "many-classic")

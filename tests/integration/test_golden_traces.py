@@ -31,7 +31,7 @@ def run_trace(args: list[str], out: Path) -> str:
 
 
 def simulate_counts() -> dict:
-    from harness.simulate import FAULT_NAMES, run_chunk
+    from harness.sim.simulate import FAULT_NAMES, run_chunk
 
     outcome = run_chunk((0, SIM_SEEDS, FAULT_NAMES))
     assert not outcome.failures, outcome.failures[:3]

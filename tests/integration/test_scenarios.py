@@ -5,8 +5,8 @@ import json
 import pytest
 
 from coopsched.cli import main as cli
-from harness import runner, scenario
-from harness.cli_run import RUN_MODES
+from harness.run import runner, scenario
+from harness.run.cli import RUN_MODES
 
 
 def checks_of(trace) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from coopsched import cli
-from harness import simulate
+from harness.sim import simulate
 
 
 def test_a_seed_replays_exactly():

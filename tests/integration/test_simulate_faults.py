@@ -1,6 +1,6 @@
 """Faults: each is handled, and each test fails without the handling that guards it.
 
-Two layers: scripted scenarios (one fault, checked tick by tick by harness.invariants),
+Two layers: scripted scenarios (one fault, checked tick by tick by harness.sim.invariants),
 and planted bugs (tests/plants.py) that `coopsched simulate` must catch, printing a
 seed whose one-line replay fails again with the plant and passes without it.
 """
@@ -16,8 +16,8 @@ from coopsched import cli
 from coopsched.clock import ManualClock
 from coopsched.core import FinishReason, Request, Scheduler, SchedulerConfig
 from coopsched.core.failures import BackendError
-from harness.faults import ANY, Fault, FaultyBackend, InjectedFault
-from harness.invariants import Checked, InvariantError, reference_tokens
+from harness.sim.faults import ANY, Fault, FaultyBackend, InjectedFault
+from harness.sim.invariants import Checked, InvariantError, reference_tokens
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 from plants import PLANTS, apply
 

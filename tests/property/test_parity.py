@@ -55,7 +55,7 @@ def test_batched_window_parity(prompt_len, max_tokens, block_size, rows, row_scr
 
 
 def test_parity_check_catches_a_missing_rollback(monkeypatch):
-    from harness import runner, scenario
+    from harness.run import runner, scenario
     from mocks import MockBackend
     monkeypatch.setattr(MockBackend, "rewind", lambda self, seq_id, n: None)
     checks = {c["name"]: c for c in runner.run_scenario(scenario.load("concurrency2"), "slice")["checks"]}

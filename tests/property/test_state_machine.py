@@ -3,7 +3,7 @@
 Rules submit classic or speculative requests (random lengths, acceptance scripts,
 priorities, stop strings), cancel, disconnect inside a model call (mid-round, between
 draft and verify), make a model call fail for one request, change arrival pressure and
-tick. Every tick is checked by harness.invariants (KV accounting, one place per request,
+tick. Every tick is checked by harness.sim.invariants (KV accounting, one place per request,
 one action and one job per tick, slice alternation, streamed == committed == reference).
 """
 
@@ -17,8 +17,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 from coopsched.clock import ManualClock
 from coopsched.core import MODES, Priority, Request, RequestError, SamplingParams, Scheduler, SchedulerConfig
-from harness.faults import ANY, Fault, FaultyBackend
-from harness.invariants import Checked
+from harness.sim.faults import ANY, Fault, FaultyBackend
+from harness.sim.invariants import Checked
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 from plants import apply
 

@@ -12,7 +12,7 @@ import pytest
 
 from coopsched.cli import main as cli
 from coopsched.env import KNOB_NAMES, GateError, Gates
-from harness import runner, scenario
+from harness.run import runner, scenario
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "hol_budget.json"
 KNOB = "COOPSCHED_HOL_BUDGET_MS"

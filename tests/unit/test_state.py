@@ -80,7 +80,7 @@ def test_commit_ranking(tokens, max_tokens, stop, committed, reason):
 
 
 def test_hol_waiters_is_the_true_maximum():
-    from harness import runner, scenario
+    from harness.run import runner, scenario
     scen = scenario.load("many-classic")
     burst = runner.execute(scen, runner.scenario_config(scen, "burst"))
     assert burst.scheduler.obs.bursts[0].hol_waiters == 8 == burst.scheduler.obs.hol_waiters_max

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from coopsched.core import Priority, Request, SamplingParams
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
 
 
 def evaluate(run, *, classic, burst) -> list[dict]:
-    from . import mode_checks
+    from harness.run import mode_checks
 
     wanted = run.scenario.checks
     legacy = not run.config.is_sliced  # burst mode, or a drafter kind that is never sliced

@@ -12,8 +12,8 @@ from rich.table import Table
 from coopsched.clock import ManualClock, RealClock
 from coopsched.env import GateError
 
-from . import runner, scenario
-from .summary import print_summary
+from harness.run import runner, scenario
+from harness.run.summary import print_summary
 
 RUN_MODES = ("burst", "slice", "fused", "cost")
 
@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         scenarios = [scenario.load(n) for n in names]
         if args.target:
-            from .http_target import run_against_target
+            from harness.live.http_target import run_against_target
             traces = [run_against_target(s, args.target, args.seed, console) for s in scenarios]
         else:
             factory = backend_factory(args)

@@ -18,8 +18,8 @@ from coopsched.engine import Engine
 from coopsched.env import Gates
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
-from . import metrics
-from .scenario import Scenario
+from harness.run import metrics
+from harness.run.scenario import Scenario
 
 BackendFactory = Callable[[object, Scenario, int], object]  # (clock, scenario, seed) -> backend
 
@@ -119,7 +119,7 @@ def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
                  backend_factory: BackendFactory = mock_backend, clock_factory=ManualClock,
                  options: dict | None = None) -> dict:
     """The trace of one scenario x mode, with its checks evaluated."""
-    from .checks import evaluate
+    from harness.run.checks import evaluate
 
     config = scenario_config(scenario, mode, options)
     run = execute(scenario, config, seed, backend_factory=backend_factory, clock=clock_factory())

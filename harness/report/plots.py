@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-from .gate import BY_NAME
+from harness.report.gate import BY_NAME
 
 # what ran in a tick, keyed by action (prefill split by what it did)
 KIND_STYLE = {

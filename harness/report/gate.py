@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BASELINE_DIR = REPO_ROOT / "reports" / "baseline"
 TOLERANCE = 0.01  # relative: worse by more than 1% fails
 _ABS_EPS = 1e-9   # a zero baseline tolerates float dust, not a real change

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gate import TRACKED
+from harness.report.gate import TRACKED
 
 DEFAULT_STORAGE = Path("reports") / "benchmarks"
 

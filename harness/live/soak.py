@@ -1,6 +1,6 @@
 """Soak: locust (scenarios/soak.py) against a mock `coopsched serve` while its RSS is watched.
 
-    python -m harness.soak [--users 64] [--duration 300] [--warmup 30] [--report PATH]
+    python -m harness.live.soak [--users 64] [--duration 300] [--warmup 30] [--report PATH]
 
 Passes iff locust saw zero failures, the server's RSS grew less than --max-rss-growth
 from the end of the warm-up to the end of the load, the server was idle afterwards
@@ -23,12 +23,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "soak.py"
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "soak.py"
 DEFAULT_REPORT = Path("reports/soak/latest.json")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m harness.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.live.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=64)
     parser.add_argument("--spawn-rate", type=float, default=16)
     parser.add_argument("--duration", type=int, default=300, help="seconds of load (default 300)")

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 
 from mocks import CostModel
 
-from . import metrics
-from .checks import REAL_TIME_ALLOWANCE, check
-from .scenario import RequestSpec, Scenario
+from harness.run import metrics
+from harness.run.checks import REAL_TIME_ALLOWANCE, check
+from harness.run.scenario import RequestSpec, Scenario
 
 SLACK_MS = 10.0          # real-time slack on every cost-derived bound (HTTP, thread wake-ups)
 SOLO_MULTIPLE = 3.0      # together vs alone, when the server reports no costs

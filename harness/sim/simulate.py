@@ -4,7 +4,7 @@ Each seed builds a random scheduler config (every mode) and a small workload: bu
 arrivals, mixed lengths, priorities, stop strings, plus the faults asked for (cancels,
 disconnects inside a model call and between draft and verify, KV exhaustion and
 oversized requests, a drafter outage, a backend that fails one request). Every tick
-is checked (harness.invariants); a failing seed prints a one-line replay command.
+is checked (harness.sim.invariants); a failing seed prints a one-line replay command.
 Same seed, same run: nothing reads a clock or an unseeded random source.
 """
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from coopsched.clock import ManualClock
 from coopsched.core import MODES, Priority, Request, RequestError, SamplingParams, Scheduler, SchedulerConfig
 
-from .faults import ANY, Fault, FaultyBackend
-from .invariants import Checked, InvariantError
+from harness.sim.faults import ANY, Fault, FaultyBackend
+from harness.sim.invariants import Checked, InvariantError
 
 FAULT_NAMES = ("cancel", "disconnect", "disconnect-verify", "kv", "drafter", "backend")
 FAULT_HELP = {

@@ -17,8 +17,8 @@ from __future__ import annotations
 from coopsched.core.arbiter import MIN_BLOCK_SIZE
 from coopsched.core.policy import ActionKind
 
-from . import metrics
-from .checks import EPS_MS, Terms, check, classic_gaps, widest_job, worst_gap
+from harness.run import metrics
+from harness.run.checks import EPS_MS, Terms, check, classic_gaps, widest_job, worst_gap
 
 DEFAULT_MIN_RATIO = 0.95
 

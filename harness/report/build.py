@@ -19,7 +19,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from . import cli_run, gate, history, plots, runner, scenario
+from harness.report import gate, history, plots
+from harness.run import cli as cli_run, runner, scenario
 
 DEFAULT_OUT = Path("reports") / "latest"
 TIMELINE_SCENARIO = "concurrency2"

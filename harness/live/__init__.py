@@ -1,0 +1,1 @@
+"""Against live servers over HTTP: --target runs, the soak."""

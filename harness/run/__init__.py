@@ -1,0 +1,1 @@
+"""Scenarios in one run: load, execute, trace JSON, checks and bounds, latency metrics, `coopsched run`."""

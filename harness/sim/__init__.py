@@ -1,0 +1,1 @@
+"""Seeded deterministic simulation with faults and per-tick invariants (`coopsched simulate`)."""
