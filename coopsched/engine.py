@@ -1,4 +1,4 @@
-"""The worker loop: drain arrivals -> decide -> run the backend -> commit -> publish events.
+"""The worker loop: drain arrivals -> plan -> execute on the backend -> commit -> publish events.
 
 `run` drives a fixed list of arrivals to completion (virtual or real clock);
 `serve_forever` is the real-time worker a server thread runs, fed by `submit`
@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .core.observability import TickRecord
-from .core.policy import ActionKind
+from .core.backend import ModelBackend
 from .core.request import Request
-from .core.scheduler import Scheduler, TokenEvent
+from .core.scheduler import Scheduler
+from .core.types import ActionKind, Committed, TickKind, TickRecord, TokenEvent
+from .executor import Executor
 
 
 @dataclass
@@ -25,9 +27,11 @@ class RunResult:
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, clock, on_event: Callable[[TokenEvent], None] | None = None,
-                 on_tick: Callable[[TickRecord], None] | None = None) -> None:
+    def __init__(self, scheduler: Scheduler, backend: ModelBackend, clock,
+                 on_event: Callable[[TokenEvent], None] | None = None,
+                 on_tick: Callable[[Committed], None] | None = None) -> None:
         self.scheduler = scheduler
+        self.executor = Executor(backend)
         self.clock = clock
         self.on_event = on_event
         self.on_tick = on_tick
@@ -35,28 +39,28 @@ class Engine:
         self._wake = threading.Event()
         self._stop = threading.Event()
 
-    def step(self) -> tuple[TickRecord, list[TokenEvent]]:
-        """One tick: exactly one action, timed by the injected clock."""
-        action = self.scheduler.schedule()
+    def step(self) -> Committed:
+        """One tick: plan exactly one action, run it, commit it, timed by the injected clock."""
+        plan = self.scheduler.schedule()
         start = self.clock.now()
-        executed = self.scheduler.execute(action)
+        outcome = self.executor.run(plan)
         end = self.clock.now()
-        record, events = self.scheduler.commit(executed, start, end)
-        for event in events:
-            if self.on_event:
+        committed = self.scheduler.commit(plan, outcome, start, end)
+        if self.on_event:
+            for event in committed.events:
                 self.on_event(event)
         if self.on_tick:
-            self.on_tick(record)
-        return record, events
+            self.on_tick(committed)
+        return committed
 
-    def run(self, arrivals: Iterable[Request]) -> RunResult:
+    def run(self, arrivals: Iterable[Request], keep_events: bool = True) -> RunResult:
         """Submit each request at its arrival_ms and tick until every one has finished."""
-        pending = sorted(arrivals, key=lambda r: r.arrival_ms)
+        pending = deque(sorted(arrivals, key=lambda r: r.arrival_ms))
         result = RunResult()
         while pending or self.scheduler.has_work:
             now = self.clock.now()
             while pending and pending[0].arrival_ms <= now:
-                self.scheduler.submit(pending.pop(0))
+                self.scheduler.submit(pending.popleft())
             if self.scheduler.is_idle:
                 if not pending:
                     if self.scheduler.requests:
@@ -64,11 +68,12 @@ class Engine:
                                            f"{sorted(self.scheduler.requests)} and nothing to do")
                     break
                 self.clock.advance_to(pending[0].arrival_ms)
-                result.ticks.append(TickRecord(now, self.clock.now(), ActionKind.IDLE.value, ()))
+                result.ticks.append(TickRecord(now, self.clock.now(), ActionKind.IDLE, TickKind.IDLE, ()))
                 continue
-            record, events = self.step()
-            result.ticks.append(record)
-            result.events.extend(events)
+            committed = self.step()
+            result.ticks.append(committed.record)
+            if keep_events:
+                result.events.extend(committed.events)
         return result
 
     # -- real-time worker (server) -------------------------------------------

@@ -16,8 +16,10 @@ def make_backend(clock=None, *, cost: CostModel | None = None, accept_prob: floa
                        MockDrafter(accept_prob, seed=seed, scripts=scripts))
 
 
-def make_scheduler(backend=None, **overrides) -> Scheduler:
-    return Scheduler(SchedulerConfig(**overrides), backend or make_backend())
+def make_engine(backend=None, **overrides) -> Engine:
+    """A scheduler with `overrides` on a mock backend, in the backend's (virtual) time."""
+    backend = backend or make_backend()
+    return Engine(Scheduler(SchedulerConfig(**overrides)), backend, backend.clock)
 
 
 def make_requests(n: int, prompt_len: int = 8, max_tokens: int = 16, prefix: str = "r", **kwargs) -> list[Request]:
@@ -35,23 +37,17 @@ def mixed_requests(speculative: bool) -> list[Request]:
     return classic + spec + [seeded]
 
 
-def serve_both_ways(make: "Callable[[], Scheduler]") -> tuple[dict, dict, Scheduler, object]:
+def serve_both_ways(make: "Callable[[], Engine]") -> tuple[dict, dict, Scheduler, object]:
     """Outputs of mixed_requests with speculation on and forced off; the speculative run's scheduler and result."""
     outputs, spec_run = {}, None
     for speculative in (True, False):
-        scheduler = make()
+        engine = make()
         requests = mixed_requests(speculative)
-        result = run(scheduler, requests)
+        result = engine.run(requests)
         outputs[speculative] = {r.id: (r.output_token_ids, r.finish_reason) for r in requests}
         if speculative:
-            spec_run = (scheduler, result)
+            spec_run = (engine.scheduler, result)
     return outputs[True], outputs[False], *spec_run
-
-
-def run(scheduler: Scheduler, requests, clock=None):
-    """Run to completion on the scheduler's backend clock; returns the engine's RunResult."""
-    clock = clock or scheduler.backend.clock
-    return Engine(scheduler, clock).run(requests)
 
 
 def token_times(result) -> dict[str, list[float]]:

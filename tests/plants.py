@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 import coopsched.core.scheduler as scheduler_module
+import coopsched.executor as executor_module
 from coopsched.core.kv import KVSlotPool
-from coopsched.core.request import RequestState
-from coopsched.core.spec import SpecJob, _commit
+from coopsched.core.spec import SpecJob, commit
 
 
 def _yield_flag(mp):
@@ -26,18 +26,18 @@ def _slot_release(mp):
 
 def _cancel_ignored_in_round(mp):
     """A speculative round ignores the cancel flag (a vanished client keeps generating)."""
-    step = SpecJob.step
+    start_round = SpecJob.start_round
 
-    def ignoring(self, backend, detokenize):
+    def ignoring(self):
         flagged = [r for r in self.live_rows if r.is_cancelled]
         for request in flagged:
             request.is_cancelled = False
         try:
-            return step(self, backend, detokenize)
+            return start_round(self)
         finally:
             for request in flagged:
                 request.is_cancelled = True
-    mp.setattr(SpecJob, "step", ignoring)
+    mp.setattr(SpecJob, "start_round", ignoring)
 
 
 def _cancelled_row_decoded(mp):
@@ -62,41 +62,39 @@ def _admission_ignores_kv(mp):
 
 def _error_not_contained(mp):
     """A failed model call takes the whole scheduler down instead of its requests."""
-    def reraise(sched, action, exc):
+    def reraise(self, plan, out, exc):
         raise exc
-    mp.setattr(scheduler_module, "fail_tick", reraise)
+    mp.setattr(executor_module.Executor, "_contain", reraise)
 
 
 def _plain_exception_escapes(mp):
     """No guard: a backend's plain exception is not turned into a per-request error."""
-    mp.setattr(scheduler_module, "GuardedBackend", lambda backend: backend)
+    mp.setattr(executor_module, "guard", lambda seq_ids, call, *args: call(*args))
 
 
 def _window_commits_early(mp):
-    """Slice 0 commits each row's first token before prefilling the next (the old order)."""
-    def begin(self, backend, detokenize):
-        self.is_begun = True
-        out = []
-        for request in self.live_rows:
-            request.state = RequestState.SPECULATIVE
-            request.served_speculatively = True
+    """Slice 0 commits each row's first token before prefilling the next (the old order), and
+    streams the slice's tokens only once every prefill returned: a sibling's failure loses them."""
+    def slice0(self, job, out):
+        job.is_begun = True
+        backend, emissions = self.backend, []
+        for request in job.start_slice0():
             first = backend.prefill(request.id, request.prompt_token_ids, request.sampling, True)
-            out.append(_commit(request, [first], backend.eos_token_id, detokenize))
-        self.grant_slices += 1
-        self.last_worked = self.ids
-        return out
-    mp.setattr(SpecJob, "begin", begin)
+            emissions.append(commit(request, [first], backend.eos_token_id, backend.detokenize))
+        job.grant_slices += 1
+        job.last_worked = job.ids
+        out.emissions += emissions
+    mp.setattr(executor_module.Executor, "_slice0", slice0)
 
 
 def _burst_drops_earlier_rounds(mp):
     """A failure late in a legacy burst loses the tokens its earlier rounds committed."""
-    run_slice = scheduler_module.Scheduler._run_slice
+    contain = executor_module.Executor._contain
 
-    def forgetting(self, job, slice_fn):
-        emissions = run_slice(self, job, slice_fn)
-        del self._partial[len(self._partial) - len(emissions):]
-        return emissions
-    mp.setattr(scheduler_module.Scheduler, "_run_slice", forgetting)
+    def forgetting(self, plan, out, exc):
+        out.emissions.clear()
+        contain(self, plan, out, exc)
+    mp.setattr(executor_module.Executor, "_contain", forgetting)
 
 
 # name -> (plant, fault mix for `coopsched simulate` that exercises the handling it removes)

@@ -161,12 +161,12 @@ def _run_stats(backend, clock, block_size: int = 4) -> dict:
     from coopsched.core.scheduler import Scheduler
     from coopsched.engine import Engine
 
-    scheduler = Scheduler(SchedulerConfig(mode="slice", block_size=block_size), backend)
+    scheduler = Scheduler(SchedulerConfig(mode="slice", block_size=block_size))
     times: dict[str, list[float]] = {}
 
     def record(event) -> None:
         times.setdefault(event.seq_id, []).extend([event.time_ms] * len(event.token_ids))
-    result = Engine(scheduler, clock, on_event=record).run(concurrency2_requests())
+    result = Engine(scheduler, backend, clock, on_event=record).run(concurrency2_requests())
     walls = lambda kind: [t.end_ms - t.start_ms for t in result.ticks if t.action == kind]
     classic = times.get("classic", [])
     obs = scheduler.obs

@@ -1,20 +1,26 @@
-"""The pure core: tick policy, scheduler state, speculative jobs, KV slots, observability.
+"""The pure core: types, tick policies (one per mode), scheduler state and books, speculative jobs.
 
-No I/O, no clock reads, no threads, no env reads, no mlx: time arrives as arguments.
+No I/O, no clock reads, no threads, no env reads, no mlx, no model calls: time
+arrives as arguments and the executor (coopsched/executor.py) runs each plan.
 """
 
 from .backend import ModelBackend
-from .config import MODES, SchedulerConfig
+from .config import SchedulerConfig
 from .dispatch import Route, dispatch
-from .observability import BatchObservability, BurstFinalized, TickRecord
-from .policy import ActionKind, TickState, decide_action
-from .request import FinishReason, Priority, Request, RequestError, RequestState, SamplingParams
-from .scheduler import Scheduler, TokenEvent
+from .modes import MODES, POLICIES, make_policy
+from .observability import BatchObservability
+from .plan import Plan
+from .policy import Decision, TickPolicy, decide_action
+from .request import Priority, Request, RequestError, RequestState, SamplingParams
+from .scheduler import Scheduler
 from .spec import accept_walk
+from .types import (ActionKind, BurstFinalized, Committed, Emission, FinishReason, Outcome, RequestOutcome,
+                    TickDeltas, TickKind, TickRecord, TickState, TokenEvent)
 
 __all__ = [
-    "MODES", "ActionKind", "BatchObservability", "BurstFinalized", "FinishReason", "ModelBackend",
-    "Priority", "Request", "RequestError", "RequestState", "Route", "SamplingParams", "Scheduler",
-    "SchedulerConfig", "TickRecord", "TickState", "TokenEvent", "accept_walk", "decide_action",
-    "dispatch",
+    "MODES", "POLICIES", "ActionKind", "BatchObservability", "BurstFinalized", "Committed", "Decision",
+    "Emission", "FinishReason", "ModelBackend", "Outcome", "Plan", "Priority", "Request", "RequestError",
+    "RequestOutcome", "RequestState", "Route", "SamplingParams", "Scheduler", "SchedulerConfig",
+    "TickDeltas", "TickKind", "TickPolicy", "TickRecord", "TickState", "TokenEvent", "accept_walk",
+    "decide_action", "dispatch", "make_policy",
 ]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-MODES = ("burst", "slice", "fused", "cost")
+from .modes import MODES
+
 DRAFT_KINDS = ("auto", "mtp", "dflash")
 
 

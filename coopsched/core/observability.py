@@ -1,65 +1,41 @@
-"""What the scheduler reports: tick records, BurstFinalized, BatchObservability.
+"""The scheduler's books: counters, HOL waits, grants and BurstFinalized records.
 
 All times are the ones the engine passed in (ms); nothing here reads a clock.
 HOL wait is the time classic rows with pending work (decode rows plus queued
-requests, not the speculative backlog) spend waiting on speculative actions.
+requests, not the speculative backlog) spend waiting on speculative actions; the
+waits are kept as a multiset (wait -> rows), so memory grows with distinct waits,
+not with ticks x queue. A long-running server keeps no history (`keep_history`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field
 
-from .spec import SpecStats
-
-
-@dataclass(frozen=True, slots=True)
-class TickRecord:
-    start_ms: float
-    end_ms: float
-    action: str               # prefill | decode | spec_round | fused | idle
-    request_ids: tuple[str, ...]
-    detail: str = ""          # admit | slice0 | burst | window | park | round | grant | cancel
-
-    @property
-    def wall_ms(self) -> float:
-        return self.end_ms - self.start_ms
-
-    def to_json(self) -> dict:
-        return {"start_ms": self.start_ms, "end_ms": self.end_ms, "action": self.action,
-                "request_ids": list(self.request_ids), "detail": self.detail}
-
-
-@dataclass(frozen=True, slots=True)
-class BurstFinalized:
-    seq_id: str
-    burst_wall_ms: float
-    burst_active_ms: float
-    slices: int
-    rounds: int
-    accepted_draft_tokens: int
-    drafted_tokens: int
-    tokens_generated: int
-    hol_waiters: int
-
-    @classmethod
-    def of(cls, seq_id: str, stats: SpecStats, tokens_generated: int) -> "BurstFinalized":
-        return cls(seq_id=seq_id, burst_wall_ms=stats.wall_ms, burst_active_ms=stats.active_ms,
-                   slices=stats.slices, rounds=stats.rounds,
-                   accepted_draft_tokens=stats.accepted, drafted_tokens=stats.drafted,
-                   tokens_generated=tokens_generated, hol_waiters=stats.hol_waiters)
-
-    def to_json(self) -> dict:
-        return asdict(self)
+from .types import BurstFinalized
 
 
 @dataclass(slots=True)
 class BatchObservability:
+    keep_history: bool = True   # grant log and BurstFinalized list (runs); a server exports events instead
     rounds: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     slices: int = 0
-    hol_wait_ms: list[float] = field(default_factory=list)  # one sample per row per wait
+    hol_wait_ms: Counter[float] = field(default_factory=Counter)  # wait -> rows that waited it
     hol_waiters_max: int = 0
     waiter_parks: int = 0       # Prefill ticks that only parked a waiter (the yield-flag quirk)
     grant_log: list[str] = field(default_factory=list)
     bursts: list[BurstFinalized] = field(default_factory=list)
+
+    def log_grant(self, entry: str) -> None:
+        if self.keep_history:
+            self.grant_log.append(entry)
+
+    def add_burst(self, record: BurstFinalized) -> None:
+        if self.keep_history:
+            self.bursts.append(record)
+
+    def add_hol_waits(self, samples: list[tuple[float, int]]) -> None:
+        for wait, count in samples:
+            self.hol_wait_ms[wait] += count

@@ -1,35 +1,51 @@
-"""The tick policy: `decide_action` picks exactly one action per tick.
+"""Tick policies: each mode decides one action per tick from a small frozen state.
 
-A pure function of a small frozen record (DESIGN.md section 2): under
-contention speculative rounds and classic actions strictly alternate; alone,
-the speculative round takes every tick.
+`decide_action` is the upstream rule (under contention speculative rounds and
+classic actions strictly alternate; alone, the round takes every tick). A mode
+is a `TickPolicy` in coopsched/core/modes/, registered by name there; the
+scheduler asks its policy and never tests the mode.
 """
 
 from __future__ import annotations
 
-import enum
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from .plan import Plan
+from .request import Request
+from .spec import SpecJob
+from .types import ActionKind, Outcome, TickRecord, TickState
 
-class ActionKind(str, enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    SPEC_ROUND = "spec_round"
-    FUSED = "fused"
-    IDLE = "idle"
-
-
-SPECULATIVE_KINDS = frozenset({ActionKind.SPEC_ROUND, ActionKind.FUSED})
+__all__ = ["ActionKind", "Decision", "SchedulerView", "TickPolicy", "TickState", "decide_action",
+           "next_yield_flag"]
 
 
 @dataclass(frozen=True, slots=True)
-class TickState:
-    has_spec_work: bool = False      # an active job or a non-empty backlog
-    num_running: int = 0             # classic rows in the decode batch
-    max_batch_size: int = 8
-    num_admissible: int = 0          # queued requests that could be admitted now (a KV slot is free)
-    has_parked_prefill: bool = False  # a chunked prefill in progress (none in this reference)
-    last_was_spec: bool = False      # the yield flag
+class Decision:
+    action: ActionKind
+    block_size: int | None = None  # K for this tick's round; None: the job's own
+
+
+class SchedulerView(Protocol):
+    """What a policy may read of the scheduler (never write)."""
+    @property
+    def running(self) -> Sequence[Request]: ...
+    @property
+    def job(self) -> SpecJob | None: ...
+    @property
+    def backlog(self) -> Iterable[SpecJob]: ...
+    @property
+    def requests(self) -> Mapping[str, Request]: ...
+
+
+class TickPolicy(Protocol):
+    is_sliced: bool  # speculative requests yield between rounds (else one tick runs them whole)
+
+    def decide(self, state: TickState, view: SchedulerView) -> Decision: ...
+
+    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
+        """Learn from a committed tick, before its finished rows are finalized."""
 
 
 def decide_action(state: TickState) -> ActionKind:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from .types import FinishReason
+
 
 class Priority(enum.IntEnum):
     HIGH = 0
@@ -22,12 +24,6 @@ class RequestState(enum.Enum):
     SPECULATIVE = "speculative"  # a row of the active speculative job
     PARKED = "parked"            # in the rotation backlog
     FINISHED = "finished"
-
-
-class FinishReason(str, enum.Enum):
-    STOP = "stop"      # stop string, EOS, cancel or early bail
-    LENGTH = "length"  # max_tokens reached
-    ERROR = "error"    # a model call failed for this request (Request.error says why)
 
 
 class RequestError(ValueError):

@@ -1,8 +1,9 @@
-"""Speculative jobs: a B = 1 session or a B > 1 window, with state owned by the job.
+"""Speculative jobs: a B = 1 session or a B > 1 window, with its state and the acceptance walk.
 
-`begin` is slice 0 (prefill + first token); `step` is exactly one round; the
-acceptance walk (DESIGN.md section 3) is `accept_walk`. The job calls the
-backend protocol but never a clock: its caller times each slice.
+A job never calls a model: the executor calls the backend and hands the results
+to `finish_slice0` (the first tokens of a prefill) and `finish_round` (drafts and
+target tokens of one round), which walk acceptance and commit tokens. Slice 0 is
+prefill + first token; a round drafts K-1 tokens and verifies K positions.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .backend import ModelBackend
 from .commit import Detokenize, commit_tokens
-from .request import FinishReason, Request, RequestState
+from .request import Request, RequestState
+from .types import Emission, FinishReason, SpecStats
 
 
 def accept_walk(drafts: Sequence[int], targets: Sequence[int], budget: int) -> tuple[list[int], int]:
@@ -29,24 +30,14 @@ def accept_walk(drafts: Sequence[int], targets: Sequence[int], budget: int) -> t
     return emitted[: max(budget, 0)], accepted
 
 
-@dataclass(slots=True)
-class SpecStats:
-    """Per-request counters, reported in its BurstFinalized record."""
-    slices: int = 0          # ticks it did model work in (1 for a legacy burst)
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    wall_ms: float = 0.0     # longest single tick it occupied
-    active_ms: float = 0.0   # sum of its slice walls
-    hol_waiters: int = 0     # most classic rows waiting on it at once
-
-
 @dataclass(frozen=True, slots=True)
-class Emission:
-    """Tokens a tick made visible for one request, and whether that finished it."""
-    seq_id: str
-    token_ids: tuple[int, ...]
-    finish_reason: FinishReason | None = None
+class RoundResult:
+    """What one round committed, what the target cache must drop, and its counters."""
+    emissions: list[Emission]
+    rewinds: list[tuple[str, int]]   # (seq_id, rejected positions to drop)
+    rounds: int
+    drafted: int
+    accepted: int
 
 
 @dataclass(eq=False, slots=True)
@@ -79,53 +70,61 @@ class SpecJob:
     def is_window(self) -> bool:
         return len(self.rows) > 1
 
-    def begin(self, backend: ModelBackend, detokenize: Detokenize) -> list[Emission]:
-        """Slice 0: prefill every row, then commit each first token (a failed prefill commits none)."""
+    def start_slice0(self) -> list[Request]:
+        """The rows whose prompts slice 0 prefills (with the drafter)."""
         rows = self.live_rows
         for request in rows:
             request.state = RequestState.SPECULATIVE
             request.served_speculatively = True
-        firsts = [backend.prefill(r.id, r.prompt_token_ids, r.sampling, True) for r in rows]
+        return rows
+
+    def finish_slice0(self, rows: list[Request], firsts: Sequence[int], eos_token_id: int,
+                      detokenize: Detokenize) -> list[Emission]:
+        """Commit each row's first token (only after every prefill succeeded)."""
         self.is_begun = True
-        out = [_commit(r, [first], backend.eos_token_id, detokenize) for r, first in zip(rows, firsts)]
+        out = [commit(r, [first], eos_token_id, detokenize) for r, first in zip(rows, firsts)]
         self.grant_slices += 1
         self.last_worked = [r.id for r in rows]
         return out
 
-    def step(self, backend: ModelBackend, detokenize: Detokenize) -> list[Emission]:
-        """Exactly one round over every live row; a cancelled row stops before any draft."""
-        out = []
+    def start_round(self) -> tuple[list[Emission], list[Request]]:
+        """Cancelled rows stop before any draft; returns their finish emissions and the rows to draft."""
+        stopped = []
         self.last_worked = []
         for request in self.live_rows:
             if request.is_cancelled:
                 request.state = RequestState.FINISHED
                 request.finish_reason = FinishReason.STOP
-                out.append(Emission(request.id, (), FinishReason.STOP))
+                stopped.append(Emission(request.id, (), FinishReason.STOP))
         rows = self.live_rows
-        if not rows:
-            return out
         for request in rows:  # a job re-granted after rotation comes back from PARKED
             request.state = RequestState.SPECULATIVE
+        return stopped, rows
+
+    def finish_round(self, rows: list[Request], drafts: Sequence[Sequence[int]],
+                     targets: Sequence[Sequence[int]], eos_token_id: int,
+                     detokenize: Detokenize) -> RoundResult:
+        """Walk acceptance per row, then commit what each row may emit."""
         num_drafts = self.block_size - 1
-        drafts = backend.draft([(r.id, r.last_token) for r in rows], num_drafts)
-        targets = backend.verify([(r.id, r.last_token, d) for r, d in zip(rows, drafts)])
-        for request, row_drafts, row_targets in zip(rows, drafts, targets):
-            emitted, accepted = accept_walk(row_drafts, row_targets, request.num_remaining)
+        walks = [accept_walk(d, t, r.num_remaining) for r, d, t in zip(rows, drafts, targets)]
+        emissions, accepted_total = [], 0
+        for request, (emitted, accepted) in zip(rows, walks):
             stats = self.stats[request.id]
             stats.rounds += 1
             stats.drafted += num_drafts
             stats.accepted += min(accepted, num_drafts)
-            emission = _commit(request, emitted, backend.eos_token_id, detokenize)
-            if emission.finish_reason is None:
-                backend.rewind(request.id, num_drafts - accepted)
-            out.append(emission)
+            accepted_total += min(accepted, num_drafts)
+            emissions.append(commit(request, emitted, eos_token_id, detokenize))
         self.grant_slices += 1
         self.last_worked = [r.id for r in rows]
-        return out
+        rewinds = [(r.id, num_drafts - accepted) for r, (_, accepted), e in zip(rows, walks, emissions)
+                   if e.finish_reason is None]
+        return RoundResult(emissions, rewinds, len(rows), len(rows) * num_drafts, accepted_total)
 
 
-def _commit(request: Request, tokens: Sequence[int], eos: int, detokenize: Detokenize) -> Emission:
-    committed, reason = commit_tokens(request, tokens, eos, detokenize)
+def commit(request: Request, tokens: Sequence[int], eos_token_id: int, detokenize: Detokenize) -> Emission:
+    """Commit tokens to a row (classic or speculative) and finish it when a rule says so."""
+    committed, reason = commit_tokens(request, tokens, eos_token_id, detokenize)
     if reason is not None:
         request.state = RequestState.FINISHED
         request.finish_reason = reason

@@ -1,10 +1,10 @@
 """Prometheus metrics for `/metrics`: the scheduler's BatchObservability, promoted.
 
-Counters follow the scheduler's live counters by delta; HOL waits and
-BurstFinalized records are drained from its lists (the server is their only
-consumer, so a long-running server does not grow them); TTFT and ITL come from
-token event times. Updates run on the engine worker thread; the three gauges are read at scrape
-time (plain length reads of the worker's containers).
+Every committed tick hands over its counter deltas, HOL waits and finished
+requests' BurstFinalized records (on their finish events); the server never reads
+or trims the scheduler's books. TTFT and ITL come from token event times. Updates
+run on the engine worker thread; the three gauges are read at scrape time (plain
+length reads of the worker's containers).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from coopsched.core.observability import BurstFinalized
+from coopsched.core import Committed
 
 # seconds; the first bucket is 1 ms so sub-round gaps stay visible
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
@@ -58,7 +58,7 @@ class Metrics:
         self.kv_slots = Gauge("coopsched_kv_slots_in_use", "KV slots held", registry=registry)
         for kind in ITL_KINDS:  # export both series from the start
             self.itl.labels(kind=kind)
-        self._seen = (0, 0, 0, 0)
+        self._hol_waiters_max = 0
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -70,27 +70,24 @@ class Metrics:
         for gap in gaps_ms:
             series.observe(gap / 1e3)
 
-    def sync(self, scheduler) -> list[BurstFinalized]:
-        """Catch up with the scheduler's books; returns the BurstFinalized records new since last time."""
-        obs = scheduler.obs
-        now = (obs.rounds, obs.drafted_tokens, obs.accepted_tokens, obs.slices)
-        for counter, new, old in zip((self.spec_rounds, self.spec_draft_tokens, self.spec_accepted_tokens,
-                                      self.spec_slices), now, self._seen):
-            if new > old:
-                counter.inc(new - old)
-        self._seen = now
-        for wait in obs.hol_wait_ms:
-            self.hol_wait.observe(wait / 1e3)
-        obs.hol_wait_ms.clear()
-        self.hol_waiters_max.set(obs.hol_waiters_max)
-        bursts = list(obs.bursts)
-        obs.bursts.clear()
-        for record in bursts:
-            self.burst_wall.observe(record.burst_wall_ms / 1e3)
-            burst_log.info(json.dumps({"event": "BurstFinalized", **record.to_json()}))
-        if len(obs.grant_log) > 1000:
-            del obs.grant_log[:-100]
-        return bursts
+    def record_tick(self, committed: Committed) -> None:
+        """One committed tick: its counter deltas, HOL waits, and the finished requests' records."""
+        deltas = committed.deltas
+        for counter, delta in ((self.spec_rounds, deltas.rounds), (self.spec_draft_tokens, deltas.drafted),
+                               (self.spec_accepted_tokens, deltas.accepted), (self.spec_slices, deltas.slices)):
+            if delta:
+                counter.inc(delta)
+        for wait, count in deltas.hol_waits:
+            for _ in range(count):  # a histogram observes one sample at a time
+                self.hol_wait.observe(wait / 1e3)
+        if deltas.hol_waiters > self._hol_waiters_max:
+            self._hol_waiters_max = deltas.hol_waiters
+            self.hol_waiters_max.set(deltas.hol_waiters)
+        for event in committed.events:
+            burst = event.outcome.burst if event.outcome is not None else None
+            if burst is not None:
+                self.burst_wall.observe(burst.burst_wall_ms / 1e3)
+                burst_log.info(json.dumps({"event": "BurstFinalized", **burst.to_json()}))
 
     def watch(self, scheduler) -> None:
         """The gauges read the scheduler at scrape time, so a long tick (a prefill, a burst) shows."""

@@ -13,7 +13,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from coopsched.core import Request, Scheduler, SchedulerConfig, TickRecord, TokenEvent
+from coopsched.core import Committed, Request, Scheduler, SchedulerConfig, TokenEvent
 from coopsched.core.request import SamplingParams
 from coopsched.engine import Engine
 
@@ -58,13 +58,12 @@ class EngineHost:
         self.config = config
         self.clock = clock
         self.max_queue = max_queue
-        self.scheduler = Scheduler(config, model.backend)
-        self.engine = Engine(self.scheduler, clock, on_event=self._on_event, on_tick=self._on_tick)
+        self.scheduler = Scheduler(config, keep_history=False)  # a server keeps no per-request history
+        self.engine = Engine(self.scheduler, model.backend, clock, on_event=self._on_event, on_tick=self._on_tick)
         self.metrics = Metrics()
         self.metrics.watch(self.scheduler)
         self.failure: BaseException | None = None
         self._live: dict[str, Live] = {}
-        self._bursts: dict[str, object] = {}  # BurstFinalized records of this tick, by seq_id
         self._num_waiting = 0         # submitted, no first token yet (the 429 gate)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -154,24 +153,20 @@ class EngineHost:
             self.metrics.observe_tokens(kind, ttft, gaps)
             live.num_tokens += len(event.token_ids)
             live.last_ms = event.time_ms
-        burst = None
-        if event.finish_reason is not None and request.served_speculatively:
-            # the tick's commit finalized every row that finished in it; later events find theirs here
-            self._bursts.update((r.seq_id, r) for r in self.metrics.sync(self.scheduler))
-            record = self._bursts.pop(request.id, None)
-            burst = record.to_json() if record is not None else None
+        outcome = event.outcome
+        burst = outcome.burst.to_json() if outcome is not None and outcome.burst is not None else None
         reason = event.finish_reason.value if event.finish_reason is not None else None
         if reason == "error":  # a failed model call ended only this request: tokens so far, then the error
             if event.token_ids:
                 self._deliver(live, Delivery(event.token_ids, event.time_ms))
-            self._deliver(live, Delivery(error=ModelCallFailed(request.error or "the model call failed")))
+            error = outcome.error if outcome is not None else None
+            self._deliver(live, Delivery(error=ModelCallFailed(error or "the model call failed")))
             return
         self._deliver(live, Delivery(event.token_ids, event.time_ms, reason,
                                      served_speculatively=request.served_speculatively, burst=burst))
 
-    def _on_tick(self, record: TickRecord) -> None:
-        self.metrics.sync(self.scheduler)
-        self._bursts.clear()  # every finish event of this tick has been delivered
+    def _on_tick(self, committed: Committed) -> None:
+        self.metrics.record_tick(committed)
 
     def _on_submit_error(self, request: Request, exc: Exception) -> None:
         with self._lock:

@@ -19,8 +19,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from coopsched.core import MODES
+
 from harness.report import gate, history, plots
-from harness.run import cli as cli_run, runner, scenario
+from harness.run import runner, scenario
 
 DEFAULT_OUT = Path("reports") / "latest"
 TIMELINE_SCENARIO = "concurrency2"
@@ -49,7 +51,7 @@ def git_commit(short: bool = False) -> str | None:
 
 def collect_traces(seed: int = 0, console: Console | None = None) -> list[dict]:
     """Every scenario x every mode `coopsched run` knows (read now: modes get added)."""
-    pairs = [(name, mode) for name in scenario.available() for mode in cli_run.RUN_MODES]
+    pairs = [(name, mode) for name in scenario.available() for mode in MODES]
     traces = []
     with Progress(console=console or Console(stderr=True), transient=True) as progress:
         task = progress.add_task("scenarios x modes", total=len(pairs))

@@ -9,12 +9,12 @@ means the expectation was met.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
-from coopsched.core.policy import ActionKind
+from coopsched.core.types import ActionKind, TickKind
 
 EPS_MS = 1e-6
-ADMISSION_DETAILS = ("slice0", "window", "burst")
 REAL_TIME_ALLOWANCE = 1.5  # real clocks get the 1.5x allowance; virtual time is exact
 
 
@@ -45,7 +45,7 @@ class Terms:
 
 def widest_job(run) -> int:
     """Rows in the widest speculative job the run admitted (1 unless a B > 1 window ran)."""
-    return max((len(t.request_ids) for t in run.ticks if t.detail in ADMISSION_DETAILS), default=1)
+    return max((len(t.request_ids) for t in run.ticks if t.kind.is_spec_admission), default=1)
 
 
 def worst_gap(pairs) -> tuple[float, float] | None:
@@ -54,7 +54,7 @@ def worst_gap(pairs) -> tuple[float, float] | None:
 
 
 def terms_of(run) -> Terms:
-    windows = {rid: t.request_ids for t in run.ticks if t.detail in ADMISSION_DETAILS
+    windows = {rid: t.request_ids for t in run.ticks if t.kind.is_spec_admission
                for rid in t.request_ids}
     num_classic = sum(not r.served_speculatively for r in run.requests)
     widest = widest_job(run)
@@ -68,29 +68,30 @@ def terms_of(run) -> Terms:
                      cost.max_jitter_factor)
     # Real backend with no cost model: the classic and round terms from decode and round
     # ticks (never prefill ticks, where a burst hides), with the real-time allowance.
-    walls = lambda kind: [t.wall_ms for t in run.ticks if t.action == kind and t.detail != "burst"]
-    decode = max(walls(ActionKind.DECODE.value), default=0.0)
-    round_ms = max(walls(ActionKind.SPEC_ROUND.value), default=0.0)
+    walls = lambda action: [t.wall_ms for t in run.ticks if t.action is action and t.kind is not TickKind.BURST]
+    decode = max(walls(ActionKind.DECODE), default=0.0)
+    round_ms = max(walls(ActionKind.SPEC_ROUND), default=0.0)
     slice0: dict[str, float] = {}
     for t in run.ticks:
-        if t.detail in ("slice0", "window"):  # a window's admission prefills all of its rows
+        if t.kind in (TickKind.SLICE0, TickKind.WINDOW):  # a window's admission prefills all of its rows
             for rid in t.request_ids:
                 slice0[rid] = max(slice0.get(rid, 0.0), t.wall_ms)
-    prefill = {t.request_ids[0]: t.wall_ms for t in run.ticks if t.detail == "admit"}
+    prefill = {t.request_ids[0]: t.wall_ms for t in run.ticks if t.kind is TickKind.ADMIT}
     return Terms(decode, round_ms, slice0, prefill, REAL_TIME_ALLOWANCE)
 
 
 def classic_gaps(run, terms: Terms):
     """Every classic inter-token gap (ms) with the admission work inside it (slice 0s, classic prefills)."""
+    admissions = [t for t in run.ticks if t.kind.is_spec_admission or t.kind is TickKind.ADMIT]
+    ends = [t.end_ms for t in admissions]  # ticks end in order: a gap's ticks are one slice
     for r in run.requests:
         if r.served_speculatively:
             continue
         times = run.token_times[r.id]
         for a, b in zip(times, times[1:]):
-            inside = [t for t in run.ticks if a < t.end_ms <= b]
-            extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in inside
-                        if t.detail in ADMISSION_DETAILS)
-            extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in inside if t.detail == "admit")
+            inside = admissions[bisect_right(ends, a): bisect_right(ends, b)]
+            extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in inside if t.kind.is_spec_admission)
+            extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in inside if t.kind is TickKind.ADMIT)
             yield b - a, extra
 
 
@@ -180,7 +181,7 @@ def evaluate(run, *, classic, burst) -> list[dict]:
                              note=f"grants; waiter parks (yield-flag quirk) = {obs.waiter_parks}"))
 
     if "window" in wanted:
-        formed = sum(t.detail == "window" or (t.detail == "burst" and len(t.request_ids) > 1)
+        formed = sum(t.kind is TickKind.WINDOW or (t.kind is TickKind.BURST and len(t.request_ids) > 1)
                      for t in run.ticks)
         holds = None if not run.config.enable_batch else formed >= 1
         out.append(check("window", holds, formed, 1, note="a B > 1 speculative window ran"))

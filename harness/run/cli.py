@@ -11,11 +11,11 @@ from rich.table import Table
 
 from coopsched.clock import ManualClock, RealClock
 from coopsched.env import GateError
+from coopsched.core import MODES
 
 from harness.run import runner, scenario
 from harness.run.summary import print_summary
 
-RUN_MODES = ("burst", "slice", "fused", "cost")
 
 
 def positive_ms(text: str) -> float:
@@ -35,7 +35,7 @@ def positive_ms(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"scenarios to run (default: all of {', '.join(scenario.available())})")
-    parser.add_argument("--mode", choices=(*RUN_MODES, "all"),
+    parser.add_argument("--mode", choices=(*MODES, "all"),
                         help="scheduler mode; wins over MLXCEL_MTP_TICK_SLICE (default: the gates decide)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the trace JSON here")
     parser.add_argument("--seed", type=int, default=0, help="seed for prompts, acceptance and jitter (default 0)")
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def modes_for(args: argparse.Namespace, bare: bool) -> list[str | None]:
     if args.mode == "all" or (bare and args.mode is None):
-        return list(RUN_MODES)
+        return list(MODES)
     return [args.mode]  # None: the gates decide
 
 

@@ -14,8 +14,8 @@ Built from cost terms like every bound (DESIGN.md section 6):
 
 from __future__ import annotations
 
-from coopsched.core.arbiter import MIN_BLOCK_SIZE
-from coopsched.core.policy import ActionKind
+from coopsched.core.modes.cost import MIN_BLOCK_SIZE
+from coopsched.core.types import ActionKind
 
 from harness.run import metrics
 from harness.run.checks import EPS_MS, Terms, check, classic_gaps, widest_job, worst_gap
@@ -32,7 +32,7 @@ def fused_step_ms(run) -> float:
     """One fused tick: K-1 drafts, then ONE forward of width classic rows + widest job x K."""
     k = run.config.block_size
     if run.cost is None:  # real backend: the longest fused tick measured
-        return max((t.wall_ms for t in run.ticks if t.action == ActionKind.FUSED.value), default=0.0)
+        return max((t.wall_ms for t in run.ticks if t.action is ActionKind.FUSED), default=0.0)
     return run.cost.draft(k - 1) + run.cost.decode(_num_classic_rows(run) + widest_job(run) * k)
 
 

@@ -68,14 +68,14 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
             clock=None) -> Run:
     clock = clock or ManualClock()
     backend = backend_factory(clock, scenario, seed)
-    scheduler = Scheduler(config, backend)
+    scheduler = Scheduler(config)
     requests = scenario.build_requests(seed, speculative)
     token_times: dict[str, list[float]] = {r.id: [] for r in requests}
 
     def record(event) -> None:
         token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
 
-    result = Engine(scheduler, clock, on_event=record).run(requests)
+    result = Engine(scheduler, backend, clock, on_event=record).run(requests, keep_events=False)
     return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
                token_times, result.ticks, scheduler, backend)
 
@@ -108,7 +108,7 @@ def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
             "rounds": obs.rounds, "drafted_tokens": obs.drafted_tokens,
             "accepted_tokens": obs.accepted_tokens, "slices": obs.slices,
             "hol_waiters_max": obs.hol_waiters_max, "waiter_parks": obs.waiter_parks,
-            "hol_wait_ms": metrics.percentiles(obs.hol_wait_ms), "grant_log": list(obs.grant_log),
+            "hol_wait_ms": metrics.weighted_percentiles(obs.hol_wait_ms), "grant_log": list(obs.grant_log),
         },
         "throughput": metrics.throughput(requests),
         **run.extra,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from coopsched.core.failures import BackendError
+from coopsched.executor import BackendError
 
 MODEL_CALLS = ("prefill", "decode", "draft", "verify", "fused")
 FAULT_KINDS = ("raise", "generic", "disconnect")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 
 from coopsched.core import ActionKind, FinishReason, Request, RequestState, Scheduler
+from coopsched.executor import Executor
 from mocks.model import context_hash, extend_hash
 
 ADMITTED = (RequestState.RUNNING, RequestState.SPECULATIVE, RequestState.PARKED)
@@ -52,6 +53,7 @@ class Checked:
 
     def __init__(self, scheduler: Scheduler, faulty, mock, clock) -> None:
         self.scheduler, self.faulty, self.mock, self.clock = scheduler, faulty, mock, clock
+        self.executor = Executor(faulty)
         self.submitted: dict[str, Request] = {}
         self.streamed: dict[str, list[int]] = {}
         self.finished: dict[str, FinishReason] = {}
@@ -94,22 +96,24 @@ class Checked:
     def _step(self) -> None:
         sched = self.scheduler
         self.faulty.take_calls()  # calls outside a tick (none expected) are not this tick's
-        action = sched.schedule()
-        classic_pending = bool(sched.running) or (len(sched.queue) > 0 and sched.kv.num_free > 0)
-        if len(sched.queue) > 0 and sched.kv.num_free == 0:
+        plan = sched.schedule()
+        state = plan.state
+        classic_pending = state.num_running > 0 or state.num_admissible > 0
+        if state.num_queued > 0 and state.num_free_slots == 0:
             self.kv_full_ticks += 1
         start = self.clock.now()
         self._in_tick = True
         try:
-            done = sched.execute(action)
+            outcome = self.executor.run(plan)
         finally:
             self._in_tick = False
-        record, events = sched.commit(done, start, self.clock.now())
+        committed = sched.commit(plan, outcome, start, self.clock.now())
+        record, events = committed.record, committed.events
         self.num_ticks += 1
-        self.actions[record.action] += 1
-        where = f"tick {self.num_ticks} ({record.action} {record.detail} {','.join(record.request_ids)})"
+        self.actions[record.action.value] += 1
+        where = f"tick {self.num_ticks} ({record.action.value} {record.kind.value} {','.join(record.request_ids)})"
         calls = self.faulty.take_calls()
-        self._check_action(action, record, calls, classic_pending, where)
+        self._check_action(plan, calls, classic_pending, where)
         self._collect_faults()
         self._check_events(events, where)
         self._check_doomed(where)
@@ -127,18 +131,15 @@ class Checked:
     def _fail(self, where: str, message: str) -> None:
         raise InvariantError(f"{where}: {message}")
 
-    def _check_action(self, action, record, calls, classic_pending, where) -> None:
-        ran = ActionKind(record.action)
-        if ran is not action and (action, ran) != (ActionKind.FUSED, ActionKind.SPEC_ROUND):
-            self._fail(where, f"decided {action.value} but ran {record.action}")
+    def _check_action(self, plan, calls, classic_pending, where) -> None:
+        action = plan.action
         kinds = Counter(kind for kind, _ in calls)
         if not set(kinds) <= ALLOWED_CALLS.get(action, set()):
             self._fail(where, f"{action.value} tick made model calls {dict(kinds)}")
-        spec_rows = {i for kind, ids in calls if kind in ("draft", "verify") for i in ids}
-        spec_rows |= {i for kind, ids in calls if kind == "fused" for i in ids if i in self.scheduler._jobs}
-        jobs = {id(self.scheduler._jobs[i]) for i in spec_rows if i in self.scheduler._jobs}
-        if len(jobs) > 1:
-            self._fail(where, f"rows of {len(jobs)} speculative jobs drafted in one tick")
+        job_ids = set(plan.job.ids) if plan.job is not None else set()
+        drafted = {i for kind, ids in calls if kind in ("draft", "verify") for i in ids}
+        if not drafted <= job_ids:
+            self._fail(where, f"rows {sorted(drafted - job_ids)} drafted outside the tick's job {sorted(job_ids)}")
         sliced = self.scheduler.config.is_sliced
         if sliced and (kinds["draft"] > 1 or kinds["verify"] + kinds["fused"] > 1):
             self._fail(where, f"more than one speculative round in a sliced tick: {dict(kinds)}")

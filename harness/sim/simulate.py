@@ -86,7 +86,7 @@ def build(seed: int, faults: tuple[str, ...]):
     drafter = MockDrafter(rng.choice((0.0, 0.5, 0.8, 1.0)), seed=seed)
     mock = MockBackend(clock, cost, MockTarget(eos_rate=rng.choice((0.0, 0.0, 0.06))), drafter)
     faulty = FaultyBackend(mock)
-    checked = Checked(Scheduler(config, faulty), faulty, mock, clock)
+    checked = Checked(Scheduler(config), faulty, mock, clock)
     faulty.on_disconnect = checked.cancel
 
     timeline = []

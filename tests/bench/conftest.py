@@ -20,7 +20,7 @@ def make_engine(num_rows: int, prompt_len: int = 8) -> Engine:
     config = SchedulerConfig(max_batch_size=num_rows, num_kv_slots=num_rows,
                              slot_tokens=EFFECTIVELY_ENDLESS + prompt_len)
     clock = ManualClock()
-    engine = Engine(Scheduler(config, MockBackend(clock, ZERO_COST)), clock)
+    engine = Engine(Scheduler(config), MockBackend(clock, ZERO_COST), clock)
     for i in range(num_rows):
         engine.scheduler.submit(Request(id=f"r{i}", prompt_token_ids=tuple(range(1, prompt_len + 1)),
                                         max_tokens=EFFECTIVELY_ENDLESS, speculative=False))

@@ -6,8 +6,10 @@ import copy
 
 import pytest
 
+from coopsched.core import MODES
+
 from harness.report import gate
-from harness.run import cli as cli_run, runner, scenario
+from harness.run import runner, scenario
 
 pytestmark = pytest.mark.bench
 
@@ -16,7 +18,7 @@ pytestmark = pytest.mark.bench
 def current():
     """Tracked metrics of this tree: every scenario x mode, seed 0 (what the baseline holds)."""
     return gate.metrics_of(runner.run_scenario(scenario.load(n), m, 0)
-                           for n in scenario.available() for m in cli_run.RUN_MODES)
+                           for n in scenario.available() for m in MODES)
 
 
 def worsen(metric: str, value: float, factor: float) -> float:

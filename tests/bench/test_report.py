@@ -15,8 +15,9 @@ import pytest
 from PIL import Image
 
 from coopsched import cli
+from coopsched.core import MODES
 from harness.report import build as report, gate, history, plots
-from harness.run import cli as cli_run, runner, scenario
+from harness.run import runner, scenario
 
 pytestmark = pytest.mark.bench
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def bench_run(storage: Path) -> None:
     """One real bench run (a small slice of the suite) saved by pytest-benchmark into `storage`."""
     suite = "tests/bench/test_benchmarks.py"
-    ids = [f"{suite}::test_tick[B=1]"] + [f"{suite}::test_scenario[concurrency2-{m}]" for m in cli_run.RUN_MODES]
+    ids = [f"{suite}::test_tick[B=1]"] + [f"{suite}::test_scenario[concurrency2-{m}]" for m in MODES]
     cmd = [sys.executable, "-m", "pytest", *ids, "-m", "bench", "-q", "-p", "no:cacheprovider",
            f"--benchmark-storage={storage}", "--benchmark-autosave"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -76,7 +77,7 @@ def test_two_bench_runs_are_two_stored_files_named_with_the_commit(built):
         if named[1] != "unversioned":  # a commit of this repository (HEAD may have moved since)
             subprocess.run(["git", "cat-file", "-e", f"{named[1]}^{{commit}}"], cwd=REPO, check=True)
     runs = history.load_runs(storage)
-    assert len(runs) == 2 and all(r.tracked["concurrency2"].keys() == set(cli_run.RUN_MODES) for r in runs)
+    assert len(runs) == 2 and all(r.tracked["concurrency2"].keys() == set(MODES) for r in runs)
 
 
 def test_the_trend_plots_show_both_runs(built):
@@ -84,7 +85,7 @@ def test_the_trend_plots_show_both_runs(built):
     assert len(data["stored_runs"]) == 2
     for metric in ("classic_itl_max_ms", "burst_wall_ms", "aggregate_tok_s", "acceptance"):
         series = data["plotted"][f"trend:{metric}"]["concurrency2"]["values"]
-        for mode in cli_run.RUN_MODES:
+        for mode in MODES:
             assert len(series[mode]) == 2 and None not in series[mode], (metric, mode)
     assert len(data["plotted"]["wall"]["tick us: B=1"]) == 2
 
@@ -107,7 +108,7 @@ def test_every_image_the_html_references_exists_and_is_a_valid_png(built):
 def test_the_checks_table_lists_every_scenario_x_mode(built):
     _, out, _ = built
     page = parse(out / "index.html")
-    everything = {(s, m) for s in scenario.available() for m in cli_run.RUN_MODES}
+    everything = {(s, m) for s in scenario.available() for m in MODES}
     assert page.cells["checks"] == everything
     assert page.cells["checks-matrix"] == everything
 
@@ -117,7 +118,7 @@ def test_the_markdown_summary_has_the_verdicts_and_every_run(built):
     text = (out / "summary.md").read_text()
     assert "**checks**: ok" in text and "**regression gate**: ok" in text
     for s in scenario.available():
-        for m in cli_run.RUN_MODES:
+        for m in MODES:
             assert f"| {s} | {m} |" in text
 
 
@@ -154,7 +155,7 @@ def test_the_burst_timeline_shows_the_classic_row_idle_during_the_burst(built):
 
 def test_the_plotted_artists_carry_that_same_data():
     """The figure's own artists (what was drawn) hold the data the report records."""
-    traces = [runner.run_scenario(scenario.load(report.TIMELINE_SCENARIO), m, 0) for m in cli_run.RUN_MODES]
+    traces = [runner.run_scenario(scenario.load(report.TIMELINE_SCENARIO), m, 0) for m in MODES]
     fig, data = plots.timeline_figure(traces)
     axis = {ax.get_title(loc="left").rsplit(" ", 1)[-1]: ax for ax in fig.axes if ax.get_title(loc="left")}
     burst = axis["burst"]
@@ -168,7 +169,7 @@ def test_the_plotted_artists_carry_that_same_data():
 
 
 def test_a_worsened_baseline_turns_the_gate_card_red_naming_the_metric(tmp_path):
-    traces = [runner.run_scenario(scenario.load(report.TIMELINE_SCENARIO), m, 0) for m in cli_run.RUN_MODES]
+    traces = [runner.run_scenario(scenario.load(report.TIMELINE_SCENARIO), m, 0) for m in MODES]
     metrics = gate.metrics_of(traces)
     better = copy.deepcopy(metrics)
     better["concurrency2"]["slice"]["classic_itl_p99_ms"] *= 0.9  # the baseline was better: now worse

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import coopsched.core.scheduler as scheduler_module
 from coopsched import cli
+from coopsched.executor import Executor
 from coopsched.server import cli as server_cli
 from coopsched.server.runtime import EngineHost
 from harness.sim.faults import FaultyBackend
@@ -26,9 +26,9 @@ PLANTS = ("no-containment", "no-cancel", "plain-shutdown")
 
 def plant(name: str) -> None:
     if name == "no-containment":
-        def reraise(sched, action, exc):
+        def reraise(self, plan, out, exc):
             raise exc
-        scheduler_module.fail_tick = reraise
+        Executor._contain = reraise
     elif name == "no-cancel":
         EngineHost.cancel = lambda self, seq_id: None
     elif name == "plain-shutdown":
@@ -48,8 +48,8 @@ def main(argv: list[str]) -> int:
     def with_faults(args):
         host = build_host(args)
         if ours.poison:
-            guarded = host.scheduler.backend  # the GuardedBackend around the model's backend
-            guarded.inner = faulty = FaultyBackend(guarded.inner)
+            executor = host.engine.executor
+            executor.backend = faulty = FaultyBackend(executor.backend)
             faulty.arm_on_prompt(ours.poison, "raise", ("decode", "verify", "fused"), skip=ours.poison_after)
         return host
 

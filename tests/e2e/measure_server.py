@@ -153,7 +153,7 @@ def in_process_itl(num_streams: int, max_tokens: int, decode_ms: float) -> dict:
     backend = MockBackend(clock, CostModel.simple(decode_ms, 30.0, 0.2))
     config = SchedulerConfig(max_batch_size=max(num_streams, 1), num_kv_slots=max(num_streams, 1))
     times: dict[str, list[float]] = {}
-    engine = Engine(Scheduler(config, backend), clock,
+    engine = Engine(Scheduler(config), backend, clock,
                     on_event=lambda e: times.setdefault(e.seq_id, []).extend([e.time_ms] * len(e.token_ids)))
     engine.run([Request(f"r{i}", tuple(body(i, 1)["prompt"].encode()), max_tokens=max_tokens, speculative=False)
                 for i in range(num_streams)])

@@ -38,11 +38,11 @@ def reference(responses: list[dict]):
     """The same requests (same ids) through the engine in virtual time."""
     clock = ManualClock()
     backend = MockBackend(clock, CostModel.simple(2.0, 8.0, 0.2), drafter=MockDrafter(0.7, seed=0))
-    scheduler = Scheduler(Gates.parse({}).scheduler_config(num_kv_slots=32), backend)
+    scheduler = Scheduler(Gates.parse({}).scheduler_config(num_kv_slots=32))
     requests = [Request(r["id"], tuple(r["choices"][0]["prompt_token_ids"]), max_tokens=mt,
                         sampling=SamplingParams(0.0), speculative=spec)
                 for r, (_, mt, spec) in zip(responses, REQUESTS)]
-    Engine(scheduler, clock).run(requests)
+    Engine(scheduler, backend, clock).run(requests)
     return scheduler, requests
 
 

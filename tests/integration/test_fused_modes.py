@@ -6,9 +6,9 @@ import json
 import pytest
 
 from coopsched.cli import main as cli
+from coopsched.core import MODES
 from harness.run import mode_checks, runner, scenario
 from harness.run.checks import terms_of
-from harness.run.cli import RUN_MODES
 from harness.run.scenario import SCENARIO_DIR
 from harness.run.summary import summary_row
 from mocks import CostModel, MockBackend
@@ -27,13 +27,13 @@ def classic_gaps(run) -> list[float]:
 
 def spec_gaps(run) -> list[float]:
     """Classic gaps that hold speculative work (the HOL symptom), not classic admissions alone."""
-    ends = [t.end_ms for t in run.ticks if t.action in ("spec_round", "fused") or t.detail in ("slice0", "window")]
+    ends = [t.end_ms for t in run.ticks if t.action in ("spec_round", "fused") or t.kind.detail in ("slice0", "window")]
     return [b - a for r in run.requests if not r.served_speculatively
             for a, b in zip(run.token_times[r.id], run.token_times[r.id][1:]) if any(a < e <= b for e in ends)]
 
 
 def test_both_modes_are_in_every_mode_list():
-    assert {"fused", "cost"} <= set(RUN_MODES)
+    assert {"fused", "cost"} <= set(MODES)
 
 
 @pytest.mark.parametrize("name", HOL_SCENARIOS)
@@ -79,7 +79,7 @@ def test_parity_is_unchanged(name, mode):
 @pytest.mark.parametrize("name", scenario.available())
 def test_fused_throughput_is_at_least_095_of_the_burst_and_every_ratio_is_recorded(name):
     scen = scenario.load(name)
-    ratios = {mode: runner.run_scenario(scen, mode)["ratio_to_burst"] for mode in RUN_MODES}
+    ratios = {mode: runner.run_scenario(scen, mode)["ratio_to_burst"] for mode in MODES}
     assert ratios["burst"] == 1.0 and all(r is not None for r in ratios.values())
     assert ratios["fused"] >= 0.95
     assert checks_of(runner.run_scenario(scen, "fused"))["throughput_vs_burst"]["value"] == ratios["fused"]
@@ -120,12 +120,12 @@ def test_budget_bound_fails_on_a_burst_or_on_slices_under_a_tight_budget(name, i
 
 
 def test_budget_bound_fails_when_the_arbiter_ignores_the_budget(monkeypatch):
-    from coopsched.core.arbiter import Arbiter
+    from coopsched.core.modes.cost import CostPolicy
 
     def greedy(self, sched, running, is_fresh):
         self.k = self.max_k
         return True  # every speculative action "fits"
-    monkeypatch.setattr(Arbiter, "_fit", greedy)
+    monkeypatch.setattr(CostPolicy, "_fit", greedy)
     checks = checks_of(runner.run_scenario(scenario.load("concurrency2"), "cost"))
     assert not checks["classic_itl"]["ok"] and checks["classic_itl"]["value"] > 50.0
 
@@ -165,7 +165,7 @@ def test_cli_all_modes_print_the_side_by_side_table(tmp_path, capsys):
     out = tmp_path / "t.json"
     assert cli(["run", "concurrency2", "--mode", "all", "--json", str(out)]) == 0
     traces = json.loads(out.read_text())
-    assert [t["mode"] for t in traces] == list(RUN_MODES)
+    assert [t["mode"] for t in traces] == list(MODES)
     printed = capsys.readouterr().out
     assert "modes side by side" in printed and "x burst" in printed
     fused = next(t for t in traces if t["mode"] == "fused")

@@ -5,15 +5,15 @@ import json
 import pytest
 
 from coopsched.cli import main as cli
+from coopsched.core import MODES
 from harness.run import runner, scenario
-from harness.run.cli import RUN_MODES
 
 
 def checks_of(trace) -> dict:
     return {c["name"]: c for c in trace["checks"]}
 
 
-@pytest.mark.parametrize("mode", RUN_MODES)
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", scenario.available())
 def test_every_expectation_holds(name, mode):
     trace = runner.run_scenario(scenario.load(name), mode)
@@ -42,7 +42,7 @@ def test_concurrency2_slice_bound_is_exact_and_burst_breaks_it():
 
 def test_slice_checks_fail_when_the_scheduler_regresses_to_a_burst(monkeypatch):
     from coopsched.core import Scheduler
-    monkeypatch.setattr(runner, "Scheduler", lambda config, backend: Scheduler(config.with_(mode="burst"), backend))
+    monkeypatch.setattr(runner, "Scheduler", lambda config: Scheduler(config.with_(mode="burst")))
     checks = checks_of(runner.run_scenario(scenario.load("concurrency2"), "slice"))
     assert not checks["classic_itl"]["ok"] and not checks["burst_wall"]["ok"]
     assert not checks["spec_streaming"]["ok"]

@@ -15,7 +15,7 @@ import pytest
 from coopsched import cli
 from coopsched.clock import ManualClock
 from coopsched.core import FinishReason, Request, Scheduler, SchedulerConfig
-from coopsched.core.failures import BackendError
+from coopsched.executor import BackendError
 from harness.sim.faults import ANY, Fault, FaultyBackend, InjectedFault
 from harness.sim.invariants import Checked, InvariantError, reference_tokens
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
@@ -28,7 +28,7 @@ def make_checked(**overrides) -> Checked:
     clock = ManualClock()
     mock = MockBackend(clock, CostModel.simple(5.0, 30.0, 0.2), MockTarget(), MockDrafter(0.6, seed=1))
     faulty = FaultyBackend(mock)
-    checked = Checked(Scheduler(SchedulerConfig(**overrides), faulty), faulty, mock, clock)
+    checked = Checked(Scheduler(SchedulerConfig(**overrides)), faulty, mock, clock)
     faulty.on_disconnect = checked.cancel
     return checked
 

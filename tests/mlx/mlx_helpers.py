@@ -19,14 +19,14 @@ def make_requests(prompts, *, max_tokens: int = MAX_TOKENS, speculative=True, ar
             for i, p in enumerate(prompts)]
 
 
-def make_scheduler(backend, **config) -> Scheduler:
-    return Scheduler(SchedulerConfig(block_size=BLOCK_SIZE, **config), backend)
+def make_scheduler(**config) -> Scheduler:
+    return Scheduler(SchedulerConfig(block_size=BLOCK_SIZE, **config))
 
 
 def run(backend, requests, on_event=None, scheduler=None, **config):
     """Run requests to completion on a real clock; returns (scheduler, RunResult)."""
-    scheduler = scheduler or make_scheduler(backend, **config)
-    result = Engine(scheduler, RealClock(), on_event=on_event).run(requests)
+    scheduler = scheduler or make_scheduler(**config)
+    result = Engine(scheduler, backend, RealClock(), on_event=on_event).run(requests)
     return scheduler, result
 
 

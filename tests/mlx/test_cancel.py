@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mlx
 def test_cancel_mid_stream_releases_caches(backend, prompts, oracle, mode, victim):
     requests = make_requests(prompts[:5], max_tokens=40, speculative=lambda i: i == 4)
     target = next(r for r in requests if r.id == victim)
-    scheduler = make_scheduler(backend, mode=mode)
+    scheduler = make_scheduler(mode=mode)
     seen = {"cancelled": False, "at_finish": None, "live_at_cancel": None}
     live_before = backend.num_live
 

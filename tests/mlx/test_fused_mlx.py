@@ -36,7 +36,7 @@ def test_fused_ticks_emit_the_oracles_tokens(backend, prompts, equal_prompts, or
 def test_cost_mode_emits_the_oracles_tokens_at_any_k(backend, prompts, equal_prompts, oracle, budget):
     requests = _mixed(prompts, equal_prompts)
     scheduler, _ = run(backend, requests, mode="cost", hol_budget_ms=budget, max_batch_size=8)
-    assert scheduler.arbiter.k_log
+    assert scheduler.policy.k_log
     assert mismatches(requests, oracle, backend.eos_token_id) == []
     assert backend.num_live == 0
 

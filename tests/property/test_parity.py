@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coopsched.core import Request
-from factories import make_backend, make_scheduler, run
+from factories import make_backend, make_engine
 from mocks import MockTarget
 
 prompts = st.lists(st.integers(32, 126), min_size=1, max_size=20).map(tuple)
@@ -14,11 +14,11 @@ scripts = st.lists(st.integers(0, 7), max_size=12)
 
 def serve(requests, speculative: bool, *, block_size, scripts_by_id, eos_rate, mode, batch):
     backend = make_backend(target=MockTarget(eos_rate=eos_rate), scripts=scripts_by_id, accept_prob=0.5)
-    scheduler = make_scheduler(backend, mode=mode, block_size=block_size, enable_batch=batch)
+    scheduler = make_engine(backend, mode=mode, block_size=block_size, enable_batch=batch)
     fresh = [Request(r.id, r.prompt_token_ids, r.max_tokens, speculative=speculative, stop=r.stop,
                      arrival_ms=r.arrival_ms) for r in requests]
-    run(scheduler, fresh)
-    assert scheduler.kv.num_in_use == 0 and backend.num_live == 0
+    scheduler.run(fresh)
+    assert scheduler.scheduler.kv.num_in_use == 0 and backend.num_live == 0
     return {r.id: (r.output_token_ids, r.finish_reason, r.served_speculatively) for r in fresh}, scheduler
 
 
@@ -33,7 +33,7 @@ def test_b1_parity(prompt, max_tokens, block_size, script, eos_rate, mode, stop)
     classic, _ = serve(requests, False, **kwargs)
     assert spec["s"][:2] == classic["s"][:2]
     assert spec["s"][2] is True and classic["s"][2] is False
-    (record,) = scheduler.obs.bursts
+    (record,) = scheduler.scheduler.obs.bursts
     assert record.accepted_draft_tokens <= record.drafted_tokens == record.rounds * (block_size - 1)
 
 
@@ -51,7 +51,7 @@ def test_batched_window_parity(prompt_len, max_tokens, block_size, rows, row_scr
     spec, scheduler = serve(requests, True, **kwargs)
     classic, _ = serve(requests, False, **kwargs)
     assert {k: v[:2] for k, v in spec.items()} == {k: v[:2] for k, v in classic.items()}
-    assert len(scheduler.obs.grant_log[0].split(",")) == rows  # one window held every row
+    assert len(scheduler.scheduler.obs.grant_log[0].split(",")) == rows  # one window held every row
 
 
 def test_parity_check_catches_a_missing_rollback(monkeypatch):

@@ -44,7 +44,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         mock = MockBackend(clock, CostModel.simple(5.0, 30.0, 0.2, block_size),
                            MockTarget(eos_rate=eos_rate), self.drafter)
         faulty = FaultyBackend(mock, on_disconnect=lambda seq_id: self.checked.cancel(seq_id))
-        self.checked = Checked(Scheduler(config, faulty), faulty, mock, clock)
+        self.checked = Checked(Scheduler(config), faulty, mock, clock)
         self.pressure = 0
         self.next_id = 0
 

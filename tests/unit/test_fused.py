@@ -1,11 +1,11 @@
 """Fused mode (issue 7): the policy table, the mock's fused forward, exact gaps, parity, HOL books."""
 
 import pytest
-from factories import make_backend, make_scheduler, run, serve_both_ways, token_times
+from factories import make_backend, make_engine, serve_both_ways, token_times
 
 from coopsched.clock import ManualClock
 from coopsched.core import Request, SamplingParams
-from coopsched.core.fused import decide_fused
+from coopsched.core.modes.fused import decide_fused
 from coopsched.core.policy import ActionKind, TickState, decide_action
 from mocks import CostModel
 
@@ -69,8 +69,8 @@ def _classic_and_spec(classic_tokens=60, spec_tokens=40, spec_arrival=20.0, **sp
 
 
 def test_every_classic_gap_is_one_fused_step_except_the_admission():
-    sched = make_scheduler(make_backend(cost=COST), mode="fused")
-    result = run(sched, _classic_and_spec())
+    sched = make_engine(make_backend(cost=COST), mode="fused")
+    result = sched.run(_classic_and_spec())
     step = COST.draft(K - 1) + COST.decode(1 + K)
     gaps = [b - a for a, b in zip(token_times(result)["classic"], token_times(result)["classic"][1:])]
     fused_ticks = [t for t in result.ticks if t.action == "fused"]
@@ -85,36 +85,34 @@ def test_every_classic_gap_is_one_fused_step_except_the_admission():
 @pytest.mark.parametrize("accept_prob", [0.0, 0.5, 1.0], ids=["all-miss", "half", "all-accept"])
 @pytest.mark.parametrize("batched", [False, True], ids=["b1", "window"])
 def test_fused_parity_with_speculation_off(accept_prob, batched):
-    spec, classic, _, result = serve_both_ways(lambda: make_scheduler(
+    spec, classic, _, result = serve_both_ways(lambda: make_engine(
         make_backend(cost=COST, accept_prob=accept_prob), mode="fused", enable_batch=batched))
     assert any(t.action == "fused" for t in result.ticks)
-    assert any(t.detail == "window" for t in result.ticks) == batched
+    assert any(t.kind.detail == "window" for t in result.ticks) == batched
     assert spec == classic
 
 
 def test_a_cancelled_spec_row_still_lets_the_classic_rows_decode_in_that_tick():
-    sched = make_scheduler(make_backend(cost=COST), mode="fused")
+    engine = make_engine(make_backend(cost=COST), mode="fused")
+    sched = engine.scheduler
     reqs = _classic_and_spec(classic_tokens=30, spec_tokens=200, spec_arrival=0.0)
     for r in reqs:
         sched.submit(r)
-    engine_ticks = []
-    from coopsched.engine import Engine
-    engine = Engine(sched, sched.backend.clock, on_tick=engine_ticks.append)
-    while not any(t.action == "fused" for t in engine_ticks):
-        engine.step()
+    while engine.step().record.action != "fused":
+        pass
     sched.cancel("spec")
     before = len(reqs[0].output_token_ids)
     while sched.has_work:
         engine.step()
     assert reqs[1].finish_reason.value == "stop" and reqs[0].finish_reason.value == "length"
     assert len(reqs[0].output_token_ids) == 30 > before
-    assert sched.kv.num_in_use == 0 and sched.backend.num_live == 0
+    assert sched.kv.num_in_use == 0 and engine.executor.backend.num_live == 0
 
 
 def test_rows_decoded_in_a_fused_tick_are_not_hol_waiters_but_queued_requests_are():
-    sched = make_scheduler(make_backend(cost=COST), mode="fused")
-    run(sched, _classic_and_spec())
-    (record,) = sched.obs.bursts
+    sched = make_engine(make_backend(cost=COST), mode="fused")
+    sched.run(_classic_and_spec())
+    (record,) = sched.scheduler.obs.bursts
     assert record.hol_waiters == 1  # only at slice 0 (a prefill tick the classic row waited out)
-    waits = sched.obs.hol_wait_ms
-    assert waits == [pytest.approx(COST.slice0(32))]  # one wait, flushed by the next fused tick
+    waits = sched.scheduler.obs.hol_wait_ms
+    assert list(waits.elements()) == [pytest.approx(COST.slice0(32))]  # one wait, flushed by the next fused tick

@@ -11,16 +11,15 @@ backlog entry removed without wedging the ring.
 import pytest
 
 from coopsched.core import Request
-from coopsched.engine import Engine
-from factories import make_backend, make_scheduler
+from factories import make_backend, make_engine
 
 
 def contend(grant_rounds: int, contenders: int, cancel: dict[int, str] | None = None, max_tokens: int = 12,
             priorities: dict | None = None):
     """Speculative requests a, b, c arriving 1 ms apart; acceptance 0 so each round emits one token."""
     backend = make_backend(accept_prob=0.0)
-    scheduler = make_scheduler(backend, grant_rounds=grant_rounds)
-    engine = Engine(scheduler, backend.clock)
+    engine = make_engine(backend, grant_rounds=grant_rounds)
+    scheduler = engine.scheduler
     pending = [Request(name, (1, 2, 3), max_tokens, arrival_ms=i * 1.0, **(priorities or {}).get(name, {}))
                for i, name in enumerate("abc"[:contenders])]
     tick = 0

@@ -4,7 +4,7 @@ import pytest
 
 from coopsched.core import FinishReason, Request, accept_walk
 from coopsched.core.policy import ActionKind
-from factories import make_backend, make_scheduler, run
+from factories import make_backend, make_engine
 from mocks import MockTarget
 
 EOS = 9999
@@ -34,27 +34,26 @@ def upstream(mode: str, cancel_after_slices: int | None = None):
     """Upstream's scripted case: first token 100, two rounds of K = 4, EOS 9999 in round 2."""
     target = MockTarget(eos_token_id=EOS, scripts={PROMPT: [*UPSTREAM_STREAM, EOS]})
     backend = make_backend(target=target, scripts={"s": [3, 3]})
-    scheduler = make_scheduler(backend, mode=mode, block_size=4)
-    request = Request("s", PROMPT, max_tokens=64)
+    engine = make_engine(backend, mode=mode, block_size=4)
+    scheduler, request = engine.scheduler, Request("s", PROMPT, max_tokens=64)
     if cancel_after_slices is None:
-        return scheduler, request, run(scheduler, [request])
-    from coopsched.engine import Engine
-    engine, events = Engine(scheduler, backend.clock), []
+        return engine, request, engine.run([request])
+    events = []
     scheduler.submit(request)
     for _ in range(cancel_after_slices):
-        events += engine.step()[1]
+        events += engine.step().events
     scheduler.cancel("s")
     while scheduler.has_work:
-        events += engine.step()[1]
-    return scheduler, request, events
+        events += engine.step().events
+    return engine, request, events
 
 
 @pytest.mark.parametrize("mode", ["slice", "burst"])
 def test_upstream_scripted_case(mode):
-    scheduler, request, result = upstream(mode)
+    engine, request, result = upstream(mode)
     assert request.output_token_ids == UPSTREAM_STREAM
     assert request.finish_reason is FinishReason.STOP
-    (record,) = scheduler.obs.bursts
+    (record,) = engine.scheduler.obs.bursts
     assert (record.rounds, record.accepted_draft_tokens, record.drafted_tokens) == (2, 6, 6)
     lumps = [list(e.token_ids) for e in result.events if e.token_ids]
     if mode == "slice":
@@ -69,19 +68,19 @@ def test_upstream_scripted_case(mode):
 
 def test_upstream_case_equals_classic_decode():
     target = MockTarget(eos_token_id=EOS, scripts={PROMPT: [*UPSTREAM_STREAM, EOS]})
-    scheduler = make_scheduler(make_backend(target=target))
+    scheduler = make_engine(make_backend(target=target))
     request = Request("c", PROMPT, max_tokens=64, speculative=False)
-    run(scheduler, [request])
+    scheduler.run([request])
     assert request.output_token_ids == UPSTREAM_STREAM and not request.served_speculatively
 
 
 def test_cancel_after_slice_1_stops_before_another_round():
-    scheduler, request, events = upstream("slice", cancel_after_slices=2)
+    engine, request, events = upstream("slice", cancel_after_slices=2)
     assert request.output_token_ids == [100, 10, 11, 12, 13]
     assert request.finish_reason is FinishReason.STOP
-    (record,) = scheduler.obs.bursts
+    (record,) = engine.scheduler.obs.bursts
     assert record.rounds == 1 and record.slices == 2
-    assert scheduler.kv.num_in_use == 0 and scheduler.backend.num_live == 0
+    assert engine.scheduler.kv.num_in_use == 0 and engine.executor.backend.num_live == 0
 
 
 @pytest.mark.parametrize("first, max_tokens, expected, reason", [
@@ -90,26 +89,26 @@ def test_cancel_after_slice_1_stops_before_another_round():
 ])
 def test_slice0_can_finish_at_once(first, max_tokens, expected, reason):
     target = MockTarget(eos_token_id=EOS, scripts={PROMPT: [first, 5, 6]})
-    scheduler = make_scheduler(make_backend(target=target))
+    scheduler = make_engine(make_backend(target=target))
     request = Request("s", PROMPT, max_tokens=max_tokens)
-    result = run(scheduler, [request])
+    result = scheduler.run([request])
     assert request.output_token_ids == expected and request.finish_reason is reason
-    assert [t.detail for t in result.ticks if t.action != ActionKind.IDLE.value] == ["slice0"]
-    assert scheduler.obs.bursts[0].rounds == 0
+    assert [t.kind.detail for t in result.ticks if t.action != ActionKind.IDLE.value] == ["slice0"]
+    assert scheduler.scheduler.obs.bursts[0].rounds == 0
 
 
 def test_stop_string_wins_and_ends_the_round():
     target = MockTarget(scripts={PROMPT: [ord(c) for c in "abcdefgh"]})
-    scheduler = make_scheduler(make_backend(target=target, accept_prob=1.0))
+    scheduler = make_engine(make_backend(target=target, accept_prob=1.0))
     request = Request("s", PROMPT, max_tokens=64, stop=("cd",))
-    run(scheduler, [request])
+    scheduler.run([request])
     assert bytes(request.output_token_ids) == b"abcd"
     assert request.finish_reason is FinishReason.STOP
 
 
 def test_eos_never_committed_mid_round():
     target = MockTarget(eos_token_id=EOS, scripts={PROMPT: [7, 8, EOS, 9]})
-    scheduler = make_scheduler(make_backend(target=target, accept_prob=1.0))
+    scheduler = make_engine(make_backend(target=target, accept_prob=1.0))
     request = Request("s", PROMPT, max_tokens=64)
-    run(scheduler, [request])
+    scheduler.run([request])
     assert request.output_token_ids == [7, 8] and request.finish_reason is FinishReason.STOP

@@ -6,7 +6,7 @@ from coopsched.core import FinishReason, Priority, Request, RequestError, Sampli
 from coopsched.core.commit import commit_tokens
 from coopsched.core.kv import KVSlotPool
 from coopsched.core.queue import PrefillQueue
-from factories import make_requests, make_scheduler
+from factories import make_requests, make_engine
 from mocks import ByteTokenizer
 
 DETOK = ByteTokenizer().decode
@@ -14,7 +14,7 @@ EOS = ByteTokenizer.eos_token_id
 
 
 def test_request_that_can_never_fit_is_refused_with_the_numbers():
-    scheduler = make_scheduler(slot_tokens=32)
+    scheduler = make_engine(slot_tokens=32).scheduler
     with pytest.raises(RequestError, match=r"needs 40 tokens .*prompt 8 \+ max_tokens 32.* holds 32"):
         scheduler.submit(make_requests(1, prompt_len=8, max_tokens=32)[0])
 
@@ -30,19 +30,19 @@ def test_bad_requests_name_the_value(kwargs, match):
 
 def test_empty_prompt_is_refused():
     with pytest.raises(RequestError, match="prompt is empty"):
-        make_scheduler().submit(Request("r", (), 4))
+        make_engine().scheduler.submit(Request("r", (), 4))
 
 
 def test_admission_waits_while_the_pool_is_full():
-    from coopsched.engine import Engine
-    scheduler = make_scheduler(num_kv_slots=2)
+    engine = make_engine(num_kv_slots=2)
+    scheduler = engine.scheduler
     requests = make_requests(5, max_tokens=6, speculative=False)
     in_use = []
-    engine = Engine(scheduler, scheduler.backend.clock, on_tick=lambda t: in_use.append(scheduler.kv.num_in_use))
+    engine.on_tick = lambda committed: in_use.append(scheduler.kv.num_in_use)
     result = engine.run(requests)
     assert max(in_use) == 2 and scheduler.kv.num_in_use == 0
     first_finish = min(e.time_ms for e in result.events if e.finish_reason is not None)
-    third_admit = [t.start_ms for t in result.ticks if t.detail == "admit"][2]
+    third_admit = [t.start_ms for t in result.ticks if t.kind.detail == "admit"][2]
     assert third_admit >= first_finish  # the third request waited for a slot to free
     assert all(r.finish_reason is FinishReason.LENGTH for r in requests)
 

@@ -3,10 +3,10 @@
 from collections import Counter
 
 import pytest
-from factories import make_backend, make_requests, make_scheduler, run, serve_both_ways, token_times
+from factories import make_backend, make_requests, make_engine, serve_both_ways, token_times
 
 from coopsched.core import Request
-from coopsched.core.arbiter import CostEstimator
+from coopsched.core.modes.cost import CostEstimator
 from mocks import CostModel
 
 COST = CostModel()  # decode(1) 5 ms; round(K) = 2(K-1) + verify(K): K=2 10, K=3 15, K=4 20 ms
@@ -41,8 +41,8 @@ def test_estimator_keeps_the_worst_measurement():
 def _run_cost(budget, classic_tokens=80, spec_tokens=60, **spec_kwargs):
     classic = Request("classic", tuple(range(65, 81)), classic_tokens, speculative=False)
     spec = Request("spec", tuple(range(70, 102)), spec_tokens, arrival_ms=20.0, **spec_kwargs)
-    sched = make_scheduler(make_backend(cost=COST), mode="cost", hol_budget_ms=budget)
-    result = run(sched, [classic, spec])
+    sched = make_engine(make_backend(cost=COST), mode="cost", hol_budget_ms=budget)
+    result = sched.run([classic, spec])
     times = token_times(result)
     return sched, result, [b - a for a, b in zip(times["classic"], times["classic"][1:])], times
 
@@ -71,10 +71,10 @@ def test_more_budget_means_more_rounds_between_decodes_and_earlier_spec_finish()
 def test_the_arbiter_picks_k_from_measured_costs_and_acceptance(accept_prob, settled):
     classic = Request("classic", tuple(range(65, 81)), 200, speculative=False)
     spec = Request("spec", tuple(range(70, 102)), 120, arrival_ms=20.0)
-    sched = make_scheduler(make_backend(cost=MEMORY_BOUND, accept_prob=accept_prob), mode="cost",
+    sched = make_engine(make_backend(cost=MEMORY_BOUND, accept_prob=accept_prob), mode="cost",
                            hol_budget_ms=80.0)
-    run(sched, [classic, spec])
-    ks = sched.arbiter.k_log
+    sched.run([classic, spec])
+    ks = sched.scheduler.policy.k_log
     assert set(ks) == {2, 3, 4}  # every width gets measured once it fits
     # a forward costs about the same at any width here: a drafter that always misses makes the
     # narrowest round the cheapest token, one that never misses makes the widest one the cheapest
@@ -82,11 +82,11 @@ def test_the_arbiter_picks_k_from_measured_costs_and_acceptance(accept_prob, set
 
 
 def test_speculation_alone_runs_back_to_back_at_its_most_efficient_width():
-    sched = make_scheduler(make_backend(cost=COST), mode="cost", hol_budget_ms=15.0)
-    result = run(sched, make_requests(1, prompt_len=12, max_tokens=90))
+    sched = make_engine(make_backend(cost=COST), mode="cost", hol_budget_ms=15.0)
+    result = sched.run(make_requests(1, prompt_len=12, max_tokens=90))
     rounds = [t for t in result.ticks if t.action == "spec_round"]
     assert all(a.end_ms == b.start_ms for a, b in zip(rounds, rounds[1:]))  # no budget when no one waits
-    arbiter = sched.arbiter
+    arbiter = sched.scheduler.policy
     assert sorted(arbiter.k_log[:3]) == [2, 3, 4]
     best = max(range(2, 5), key=lambda k: arbiter.expected_tokens(k) / COST.round(k))
     assert Counter(arbiter.k_log).most_common(1)[0][0] == best == 2  # at 0.7 acceptance, K = 2 wins
@@ -94,8 +94,8 @@ def test_speculation_alone_runs_back_to_back_at_its_most_efficient_width():
 
 def test_a_budget_below_the_floor_alternates_at_the_smallest_k_instead_of_starving():
     sched, result, gaps, times = _run_cost(5.0, classic_tokens=200, spec_tokens=40)
-    assert times["spec"] and sched.requests == {}  # the speculative request finished beside the classic one
-    assert set(sched.arbiter.k_log) == {2}
+    assert times["spec"] and sched.scheduler.requests == {}  # the speculative request finished beside the classic one
+    assert set(sched.scheduler.policy.k_log) == {2}
     spec_gaps = [g for g in gaps if g > COST.decode(1) + 1e-9]
     assert max(spec_gaps[1:]) == pytest.approx(FLOOR)  # after admission: one decode + one K=2 round
 
@@ -103,7 +103,7 @@ def test_a_budget_below_the_floor_alternates_at_the_smallest_k_instead_of_starvi
 @pytest.mark.parametrize("budget", [12.0, 50.0, 400.0])
 @pytest.mark.parametrize("batched", [False, True], ids=["b1", "window"])
 def test_cost_mode_parity_with_speculation_off(budget, batched):
-    spec, classic, sched, _ = serve_both_ways(lambda: make_scheduler(
+    spec, classic, sched, _ = serve_both_ways(lambda: make_engine(
         make_backend(cost=COST, accept_prob=0.6), mode="cost", hol_budget_ms=budget, enable_batch=batched))
     assert sched.obs.rounds > 0
     assert spec == classic

@@ -17,13 +17,12 @@ cannot be met: the arbiter then alternates at the smallest K rather than starve.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-from .policy import ActionKind, TickState, decide_action
-
-if TYPE_CHECKING:
-    from .scheduler import Executed, Scheduler
-    from .spec import SpecJob
+from ..plan import Plan
+from ..policy import Decision, SchedulerView, decide_action
+from ..spec import SpecJob
+from ..types import ActionKind, Outcome, TickKind, TickRecord, TickState
 
 MIN_BLOCK_SIZE = 2
 EPS_MS = 1e-9
@@ -56,11 +55,12 @@ class CostEstimator:
         return best
 
 
-class Arbiter:
-    def __init__(self, budget_ms: float, block_size: int) -> None:
-        self.budget_ms = budget_ms
-        self.max_k = block_size
-        self.k = block_size                     # K of the next round
+class CostPolicy:
+    def __init__(self, config: Any) -> None:
+        self.is_sliced = config.draft_kind != "dflash"
+        self.budget_ms = config.hol_budget_ms
+        self.max_k = config.block_size
+        self.k = config.block_size              # K of the next round
         self.decode = CostEstimator()           # (batch size,)
         self.round = CostEstimator()            # (K, rows)
         self.slice0 = CostEstimator()           # (prompt tokens of the job,)
@@ -71,11 +71,14 @@ class Arbiter:
         self._tick = 0
         self._served: dict[str, tuple[int, float]] = {}  # classic row -> (tick, time) of its last token
         self._last_spec_tick = -1
-        self._plan: tuple[str, int] | None = None         # the running spec tick: (kind, K)
         self._seen_accepted: dict[str, int] = {}
 
     # -- deciding -------------------------------------------------------------
-    def decide(self, state: TickState, sched: "Scheduler") -> ActionKind:
+    def decide(self, state: TickState, sched: SchedulerView) -> Decision:
+        action = self._decide(state, sched)
+        return Decision(action, self.k if action is ActionKind.SPEC_ROUND else None)
+
+    def _decide(self, state: TickState, sched: SchedulerView) -> ActionKind:
         running = sched.running[: state.max_batch_size]
         oldest = min((self._served[r.id][0] for r in running if r.id in self._served), default=self._tick)
         spec_in_gap = bool(running) and self._last_spec_tick > oldest
@@ -95,7 +98,7 @@ class Arbiter:
             return ActionKind.SPEC_ROUND
         return ActionKind.DECODE
 
-    def _fit(self, sched: "Scheduler", running, is_fresh: bool) -> bool:
+    def _fit(self, sched: SchedulerView, running, is_fresh: bool) -> bool:
         """Whether a speculative action fits before the next decode; sets `self.k`.
 
         `is_fresh`: every running row got a token in the last tick (nothing else is in this gap).
@@ -144,45 +147,34 @@ class Arbiter:
         return float(k) if a >= 1.0 else (1.0 - a ** k) / (1.0 - a)
 
     # -- learning -------------------------------------------------------------
-    def start_round(self, job: "SpecJob", detail: str) -> str:
-        """Called as a SpeculativeRound starts: sets its K; returns the tick's detail, "slice0"
-        for a granted waiter's slice 0 (an admission, as the bounds count it; fused mode too)."""
-        if job.is_begun:
-            job.block_size = self.k
-            self._plan = ("round", self.k)
-            return detail
-        self._plan = ("slice0", 0)
-        return "slice0"
-
-    def observe(self, done: "Executed", start_ms: float, end_ms: float, sched: "Scheduler") -> None:
+    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, sched: SchedulerView) -> None:
         """Learn from one committed tick (before its finished rows are finalized)."""
-        wall = end_ms - start_ms
         self._tick += 1
-        self.now_ms = end_ms
-        if done.action is ActionKind.DECODE:
-            self.decode.observe((len(done.request_ids),), wall)
-        if done.action is ActionKind.DECODE or done.detail == "admit":
-            for seq_id in done.request_ids:
-                self._served[seq_id] = (self._tick, end_ms)
+        self.now_ms = record.end_ms
+        if record.action is ActionKind.DECODE:
+            self.decode.observe((len(record.request_ids),), record.wall_ms)
+        if record.action is ActionKind.DECODE or record.kind is TickKind.ADMIT:
+            for seq_id in record.request_ids:
+                self._served[seq_id] = (self._tick, record.end_ms)
         for book in (self._served, self._seen_accepted):
             for seq_id in [s for s in book if s not in sched.requests]:
                 del book[seq_id]  # rows finalized since
-        plan, self._plan = self._plan, None
-        if not done.spec_worked:
+        if not outcome.spec_rows:
             return
         self._last_spec_tick = self._tick
-        if done.action is ActionKind.SPEC_ROUND and plan is not None and plan[0] == "round":
-            self.round.observe((plan[1], len(done.spec_worked)), wall)
-            self.k_log.append(plan[1])
-            self._count_acceptance(sched, done.spec_worked, plan[1])
-        elif done.detail in ("slice0", "window") or done.action is ActionKind.SPEC_ROUND:
-            tokens = sum(len(sched.requests[i].prompt_token_ids) for i in done.spec_worked if i in sched.requests)
-            self.slice0.observe((max(tokens, 1),), wall)
+        if record.action is ActionKind.SPEC_ROUND and plan.kind in (TickKind.ROUND, TickKind.GRANT):
+            k = plan.job.block_size if plan.job is not None else self.k
+            self.round.observe((k, len(outcome.spec_rows)), record.wall_ms)
+            self.k_log.append(k)
+            self._count_acceptance(plan.job, outcome.spec_rows, k)
+        elif record.kind in (TickKind.SLICE0, TickKind.WINDOW) or record.action is ActionKind.SPEC_ROUND:
+            tokens = sum(len(sched.requests[i].prompt_token_ids) for i in outcome.spec_rows
+                         if i in sched.requests)
+            self.slice0.observe((max(tokens, 1),), record.wall_ms)
 
-    def _count_acceptance(self, sched: "Scheduler", seq_ids, k: int) -> None:
+    def _count_acceptance(self, job: SpecJob | None, seq_ids, k: int) -> None:
         for seq_id in seq_ids:
-            job = sched._jobs.get(seq_id)
-            if job is None:
+            if job is None or seq_id not in job.stats:
                 continue
             total = job.stats[seq_id].accepted
             accepted, self._seen_accepted[seq_id] = total - self._seen_accepted.get(seq_id, 0), total
@@ -190,14 +182,14 @@ class Arbiter:
             self.num_missed += accepted < k - 1
 
 
-def _next_jobs(sched: "Scheduler") -> list["SpecJob"]:
+def _next_jobs(sched: SchedulerView) -> list[SpecJob]:
     """The job the next speculative action serves (any backlog entry, if a grant is due)."""
     return [sched.job] if sched.job is not None else list(sched.backlog)
 
 
-def _num_rows(sched: "Scheduler") -> int:
+def _num_rows(sched: SchedulerView) -> int:
     return max((len(j.live_rows) for j in _next_jobs(sched)), default=1) or 1
 
 
-def _prompt_tokens(job: "SpecJob") -> int:
+def _prompt_tokens(job: SpecJob) -> int:
     return sum(len(r.prompt_token_ids) for r in job.rows)

@@ -1,0 +1,80 @@
+"""Head-of-line waits, booked in O(1) per tick however long the queue is.
+
+A classic row with pending work (a decode-batch row, or a queued request) waits
+while a speculative tick runs; its wait is one sample per stretch of speculative
+ticks, ended by the next classic tick (which serves the batch and may admit).
+Queued requests wait in every speculative tick; batch rows in every one except a
+fused tick (which decodes them). Every batch row has waited the same since the
+batch was last served, every request queued before the stretch began the same,
+and every request that joined between the same two ticks the same: so a stretch
+ends in a few (wait, count) pairs, not a sample per row, and each wait is summed
+tick by tick (0 + w1 + w2 ...), exactly as a per-row sum would be.
+"""
+
+from __future__ import annotations
+
+Samples = list[tuple[float, int]]  # (wait ms, how many rows waited it)
+
+
+class _Joined:
+    """Requests that joined the queue between the same two ticks of a stretch."""
+    __slots__ = ("wait", "count")
+
+    def __init__(self) -> None:
+        self.wait = 0.0
+        self.count = 0
+
+
+class HolBook:
+    def __init__(self) -> None:
+        self._queue_wait = 0.0   # of every request queued before this stretch began
+        self._batch_wait = 0.0   # of every decode-batch row since the batch was last served
+        self._joined: list[_Joined] = []
+        self._group_of: dict[str, _Joined] = {}
+        self._open: _Joined | None = None  # the group arrivals join until the next speculative tick
+
+    def join_queue(self, seq_id: str) -> None:
+        if self._open is None:
+            self._open = _Joined()
+            self._joined.append(self._open)
+        self._open.count += 1
+        self._group_of[seq_id] = self._open
+
+    def leave_queue(self, seq_id: str) -> Samples:
+        """A request leaves the queue (admitted, parked, cancelled): its wait so far."""
+        group = self._group_of.pop(seq_id, None)
+        if group is None:
+            return _sample(self._queue_wait, 1)
+        group.count -= 1
+        return _sample(group.wait, 1)
+
+    def leave_batch(self) -> Samples:
+        """A batch row leaves before the batch is next served (cancelled, failed)."""
+        return _sample(self._batch_wait, 1)
+
+    def spec_tick(self, wall_ms: float, batch_waits: bool) -> None:
+        self._queue_wait += wall_ms
+        for group in self._joined:
+            group.wait += wall_ms
+        self._open = None
+        if batch_waits:
+            self._batch_wait += wall_ms
+
+    def end_batch_wait(self, num_batch: int) -> Samples:
+        """The batch was served: each of its rows' waits ends."""
+        out = _sample(self._batch_wait, num_batch)
+        self._batch_wait = 0.0
+        return out
+
+    def end_queue_wait(self, num_queued: int) -> Samples:
+        """A classic tick ends the stretch for every queued request."""
+        out = _sample(self._queue_wait, num_queued - sum(g.count for g in self._joined))
+        for group in self._joined:
+            out += _sample(group.wait, group.count)
+        self._queue_wait = 0.0
+        self._joined, self._group_of, self._open = [], {}, None
+        return out
+
+
+def _sample(wait_ms: float, count: int) -> Samples:
+    return [(wait_ms, count)] if wait_ms > 0 and count > 0 else []

@@ -1,0 +1,38 @@
+"""fused: the classic decode rows and the speculative verify rows in ONE forward.
+
+With speculative work pending and classic rows running, every classic tick is a
+Fused tick: the drafter runs first, then one forward decodes the classic rows
+and verifies the job's rows together, so a classic row never waits on a round
+and its stall is one fused step. Admissions still come first (as in every mode),
+and a slice 0 (a prefill) cannot share the decode forward: it takes its own tick.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..plan import Plan
+from ..policy import Decision, SchedulerView, decide_action
+from ..types import ActionKind, Outcome, TickRecord, TickState
+
+
+def decide_fused(state: TickState) -> ActionKind:
+    """Admission first; then a fused step while classic rows run; a lone job takes every tick."""
+    if not state.has_spec_work:
+        return decide_action(state)
+    if state.num_running < state.max_batch_size and state.num_admissible > 0:
+        return ActionKind.PREFILL
+    if state.num_running > 0:
+        return ActionKind.FUSED
+    return ActionKind.SPEC_ROUND
+
+
+class FusedPolicy:
+    def __init__(self, config: Any) -> None:
+        self.is_sliced = config.draft_kind != "dflash"
+
+    def decide(self, state: TickState, view: SchedulerView) -> Decision:
+        return Decision(decide_fused(state))
+
+    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
+        pass

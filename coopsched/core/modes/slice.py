@@ -1,0 +1,24 @@
+"""slice: one speculative round per tick; rounds and classic actions strictly alternate.
+
+Upstream's tick-cooperative fix. A drafter kind that cannot be sliced (dflash)
+still runs each speculative request whole, as upstream does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..plan import Plan
+from ..policy import Decision, SchedulerView, decide_action
+from ..types import Outcome, TickRecord, TickState
+
+
+class SlicePolicy:
+    def __init__(self, config: Any) -> None:
+        self.is_sliced = config.draft_kind != "dflash"
+
+    def decide(self, state: TickState, view: SchedulerView) -> Decision:
+        return Decision(decide_action(state))
+
+    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
+        pass

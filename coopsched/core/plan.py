@@ -1,0 +1,29 @@
+"""A tick's plan: what the scheduler decided, for the executor to run and commit to book.
+
+The scheduler makes it (`schedule()`), the executor runs it on a backend, and
+`commit(plan, outcome, start, end)` books the result. Rows are live Request
+objects; `job` is the speculative job the tick serves, if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .request import Request
+from .spec import SpecJob
+from .types import ActionKind, TickKind, TickState
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    action: ActionKind
+    kind: TickKind
+    state: TickState                     # what the policy decided from
+    request_ids: tuple[str, ...] = ()    # the rows the tick record names
+    rows: tuple[Request, ...] = ()       # classic rows: the admitted head, or the decode batch
+    job: SpecJob | None = None
+    release: tuple[str, ...] = ()        # rows finished before the tick (cancels): caches to free
+
+    @property
+    def runs_to_completion(self) -> bool:
+        return self.kind is TickKind.BURST

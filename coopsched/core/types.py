@@ -1,0 +1,177 @@
+"""The records every part of coopsched shares: actions, tick kinds, emissions, events, tick records.
+
+A tick's kind is set where the work is planned or fails, never parsed from text
+later: the bounds, the cost arbiter and the reports all read `TickRecord.kind`.
+Times are the ones the engine passed in (ms); nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+
+class ActionKind(str, enum.Enum):
+    """The one action a tick runs."""
+    PREFILL = "prefill"
+    DECODE = "decode"
+    SPEC_ROUND = "spec_round"
+    FUSED = "fused"
+    IDLE = "idle"
+
+
+class TickKind(enum.Enum):
+    """What a tick did, finer than its action (the trace's `detail`)."""
+    ADMIT = "admit"      # a classic prefill: the queue head joins the decode batch
+    PARK = "park"        # a speculative request parks as a waiter (bookkeeping, no model work)
+    SLICE0 = "slice0"    # a speculative request's prefill + first token (granted waiters too)
+    WINDOW = "window"    # slice 0 of a B > 1 window
+    BURST = "burst"      # the legacy burst: a whole speculative request in one tick
+    ROUND = "round"      # one speculative round of the active job
+    GRANT = "grant"      # a round of a job re-granted the slot after rotation
+    FUSED = "fused"      # classic decode rows and a speculative verify in one forward
+    DECODE = "decode"    # one batched step of the classic rows
+    IDLE = "idle"
+    ERROR = "error"      # a model call failed; only its rows ended
+
+    @property
+    def detail(self) -> str:
+        """The trace spelling: decode and idle ticks carry no detail."""
+        return "" if self in (TickKind.DECODE, TickKind.IDLE) else self.value
+
+    @property
+    def is_spec_admission(self) -> bool:
+        """A speculative request's admission: the bounds allow its slice 0 once per gap."""
+        return self in SPEC_ADMISSIONS
+
+
+SPEC_ADMISSIONS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST})
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"      # stop string, EOS, cancel or early bail
+    LENGTH = "length"  # max_tokens reached
+    ERROR = "error"    # a model call failed for this request (Request.error says why)
+
+
+@dataclass(frozen=True, slots=True)
+class TickState:
+    """What the tick policy decides from: a small frozen record, so policies are table-tested."""
+    has_spec_work: bool = False      # an active job or a non-empty backlog
+    num_running: int = 0             # classic rows in the decode batch
+    max_batch_size: int = 8
+    num_admissible: int = 0          # queued requests that could be admitted now (a KV slot is free)
+    has_parked_prefill: bool = False  # a chunked prefill in progress (none in this reference)
+    last_was_spec: bool = False      # the yield flag
+    num_queued: int = 0              # every queued request, admissible or not
+    num_free_slots: int = 0          # KV slots free
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """Tokens a tick made visible for one request, and whether that finished it."""
+    seq_id: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Per-request speculative counters, reported in its BurstFinalized record."""
+    slices: int = 0          # ticks it did model work in (1 for a legacy burst)
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    wall_ms: float = 0.0     # longest single tick it occupied
+    active_ms: float = 0.0   # sum of its slice walls
+    hol_waiters: int = 0     # most classic rows waiting on it at once
+
+
+@dataclass(frozen=True, slots=True)
+class BurstFinalized:
+    """One speculative request's summary, made when it finishes (the upstream log line)."""
+    seq_id: str
+    burst_wall_ms: float
+    burst_active_ms: float
+    slices: int
+    rounds: int
+    accepted_draft_tokens: int
+    drafted_tokens: int
+    tokens_generated: int
+    hol_waiters: int
+
+    @classmethod
+    def of(cls, seq_id: str, stats: SpecStats, tokens_generated: int) -> BurstFinalized:
+        return cls(seq_id=seq_id, burst_wall_ms=stats.wall_ms, burst_active_ms=stats.active_ms,
+                   slices=stats.slices, rounds=stats.rounds,
+                   accepted_draft_tokens=stats.accepted, drafted_tokens=stats.drafted,
+                   tokens_generated=tokens_generated, hol_waiters=stats.hol_waiters)
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """How a request ended; it travels with the request's finish event."""
+    finish_reason: FinishReason
+    served_speculatively: bool
+    burst: BurstFinalized | None = None   # speculative requests that began
+    error: str | None = None              # FinishReason.ERROR: what failed
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    seq_id: str
+    token_ids: tuple[int, ...]
+    time_ms: float
+    finish_reason: FinishReason | None = None
+    outcome: RequestOutcome | None = None  # set on the finish event
+
+
+@dataclass(frozen=True, slots=True)
+class TickRecord:
+    start_ms: float
+    end_ms: float
+    action: ActionKind
+    kind: TickKind
+    request_ids: tuple[str, ...]
+
+    @property
+    def wall_ms(self) -> float:
+        return self.end_ms - self.start_ms
+
+    def to_json(self) -> dict[str, object]:
+        return {"start_ms": self.start_ms, "end_ms": self.end_ms, "action": self.action.value,
+                "request_ids": list(self.request_ids), "detail": self.kind.detail}
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the executor did with a plan: the emissions and the speculative work counted."""
+    emissions: list[Emission] = field(default_factory=list)
+    spec_rows: tuple[str, ...] = ()   # rows that did speculative model work this tick
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    error: str | None = None          # a model call failed: only `failed` rows ended
+    failed: tuple[str, ...] = ()
+    touched: tuple[str, ...] = ()     # on error: the rows the tick record names
+
+
+@dataclass(frozen=True, slots=True)
+class TickDeltas:
+    """What one committed tick adds to the books: a server exports these, never the books."""
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    slices: int = 0
+    hol_waits: tuple[tuple[float, int], ...] = ()  # (wait ms, how many rows waited it)
+    hol_waiters: int = 0                           # rows waiting on this tick's speculative work
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    record: TickRecord
+    events: list[TokenEvent]
+    deltas: TickDeltas

@@ -1,0 +1,159 @@
+"""The executor: runs a tick's plan on a model backend and returns its Outcome.
+
+Every backend call of a tick happens here, the legacy burst loop included, and
+every one is contained: a call that raises fails only the rows it was for
+(`BackendError(msg, seq_ids)` names them; any other exception fails every row of
+that call), the rest of the tick's rows carry on, and the scheduler's commit
+books whatever the tick did. Exceptions from coopsched's own logic are never caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from .core.backend import ModelBackend
+from .core.plan import Plan
+from .core.request import Request, RequestState
+from .core.spec import SpecJob, commit
+from .core.types import ActionKind, Emission, FinishReason, Outcome, TickKind
+
+T = TypeVar("T")
+
+
+class BackendError(RuntimeError):
+    """A model call failed for `seq_ids` (empty: for every row of the call)."""
+
+    def __init__(self, message: str, seq_ids: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.seq_ids = tuple(seq_ids)
+
+
+def guard(seq_ids: Sequence[str], call: Callable[..., T], *args: Any) -> T:
+    """Run one model call; any failure becomes a BackendError naming the rows it was for."""
+    try:
+        return call(*args)
+    except BackendError as exc:
+        exc.seq_ids = exc.seq_ids or tuple(seq_ids)
+        raise
+    except Exception as exc:  # the call cannot say for whom it failed: every row of it
+        raise BackendError(f"{type(exc).__name__}: {exc}", seq_ids) from exc
+
+
+class Executor:
+    def __init__(self, backend: ModelBackend) -> None:
+        self.backend = backend
+        self.release_errors: list[str] = []  # a failed release frees the slot anyway; kept for logs
+
+    def run(self, plan: Plan) -> Outcome:
+        out = Outcome()
+        try:
+            self._run(plan, out)
+        except BackendError as exc:
+            self._contain(plan, out, exc)
+        for seq_id in [*plan.release, *(e.seq_id for e in out.emissions if e.finish_reason is not None)]:
+            self._release(seq_id)
+        return out
+
+    # -- the plan's work --------------------------------------------------------
+    def _run(self, plan: Plan, out: Outcome) -> None:
+        job = plan.job
+        if plan.kind in (TickKind.ADMIT, TickKind.DECODE):
+            self._classic(plan, out)
+        elif job is None or plan.kind is TickKind.PARK:
+            return
+        elif not job.is_begun:
+            self._slice0(job, out)
+            while plan.runs_to_completion and job.live_rows:
+                self._round(job, out)
+        elif plan.kind is TickKind.FUSED:
+            self._round(job, out, classic=list(plan.rows))
+        else:
+            self._round(job, out)
+        if job is not None and plan.kind is not TickKind.PARK:
+            # an admission tick books every row of the new job; a round, the rows that drafted
+            out.spec_rows = tuple(job.ids) if plan.action is ActionKind.PREFILL else tuple(job.last_worked)
+
+    def _classic(self, plan: Plan, out: Outcome) -> None:
+        rows = list(plan.rows)
+        if plan.kind is TickKind.ADMIT:
+            head = rows[0]
+            tokens = [guard((head.id,), self.backend.prefill, head.id, head.prompt_token_ids,
+                            head.sampling, False)]
+        else:
+            tokens = guard([r.id for r in rows], self.backend.decode, [(r.id, r.last_token) for r in rows])
+        out.emissions += self._commit_classic(rows, tokens)
+
+    def _slice0(self, job: SpecJob, out: Outcome) -> None:
+        rows = job.start_slice0()
+        firsts = [guard((r.id,), self.backend.prefill, r.id, r.prompt_token_ids, r.sampling, True)
+                  for r in rows]
+        out.emissions += job.finish_slice0(rows, firsts, self.backend.eos_token_id, self.backend.detokenize)
+
+    def _round(self, job: SpecJob, out: Outcome, classic: list[Request] | None = None) -> None:
+        """One round of the job; in a fused tick its verify also decodes the classic rows."""
+        stopped, rows = job.start_round()
+        out.emissions += stopped
+        decode_rows = [(r.id, r.last_token) for r in classic or []]
+        classic_tokens: list[int] = []
+        if rows:
+            num_drafts = job.block_size - 1
+            ids = [r.id for r in rows]
+            drafts = guard(ids, self.backend.draft, [(r.id, r.last_token) for r in rows], num_drafts)
+            verify_rows = [(r.id, r.last_token, d) for r, d in zip(rows, drafts)]
+            if classic is None:
+                targets = guard(ids, self.backend.verify, verify_rows)
+            else:
+                classic_tokens, targets = guard([r for r, _ in decode_rows] + ids, self.backend.fused,
+                                                decode_rows, verify_rows)
+            result = job.finish_round(rows, drafts, targets, self.backend.eos_token_id,
+                                      self.backend.detokenize)
+            out.emissions += result.emissions
+            out.rounds += result.rounds
+            out.drafted += result.drafted
+            out.accepted += result.accepted
+            for seq_id, num_tokens in result.rewinds:
+                guard((seq_id,), self.backend.rewind, seq_id, num_tokens)
+        elif decode_rows:  # every speculative row was cancelled before its draft
+            classic_tokens = guard([r for r, _ in decode_rows], self.backend.decode, decode_rows)
+        if classic is not None:
+            out.emissions += self._commit_classic(classic, classic_tokens)
+
+    def _commit_classic(self, rows: list[Request], tokens: list[int]) -> list[Emission]:
+        return [commit(r, [t], self.backend.eos_token_id, self.backend.detokenize) for r, t in zip(rows, tokens)]
+
+    # -- containment ------------------------------------------------------------
+    def _contain(self, plan: Plan, out: Outcome, exc: BackendError) -> None:
+        """Finish the rows the failed call names with an error; every other row carries on.
+
+        Model calls come before any commit within a slice, so the failed slice committed
+        nothing but a round's rewinds (its tokens are already in `out`); earlier slices of
+        the tick (a burst) keep their emissions. A row the slice had already finished (a
+        cancel reaped at the top of a round) still gets its finish event.
+        """
+        job = plan.job
+        job_rows = job.rows if job is not None and plan.kind is not TickKind.PARK else []
+        by_id = {r.id: r for r in [*plan.rows, *job_rows]}
+        failed = [by_id[i] for i in exc.seq_ids if i in by_id]
+        for request in failed:
+            if not request.is_finished:
+                request.state, request.finish_reason = RequestState.FINISHED, FinishReason.ERROR
+                request.error = str(exc)
+        finishing = {e.seq_id for e in out.emissions if e.finish_reason is not None} | set(plan.release)
+        touched = {r.id: r for r in failed} | {r.id: r for r in job_rows}
+        for request in touched.values():
+            if request.is_finished and request.id not in finishing:
+                out.emissions.append(Emission(request.id, (), request.finish_reason))
+        if job is not None and job_rows and job.live_rows and not job.is_begun:
+            for request in job.live_rows:  # slice 0 failed for a sibling: the rest retry it from scratch
+                self._release(request.id)
+        out.error = str(exc)
+        out.failed = tuple(r.id for r in failed)
+        out.touched = tuple(touched)
+        out.spec_rows = tuple(i for i in touched if i in {r.id for r in job_rows})
+
+    def _release(self, seq_id: str) -> None:
+        try:
+            guard((seq_id,), self.backend.release, seq_id)
+        except BackendError as exc:
+            self.release_errors.append(f"release {seq_id}: {exc}")
