@@ -17,7 +17,7 @@ from pathlib import Path
 from coopsched.core import Priority, Request, SamplingParams, SchedulerConfig
 from mocks import CostModel
 
-from harness.run.workload import Workload
+from harness.run.workload import Workload, WorkloadError
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 TABLES = ("scheduler", "cost", "mock", "gates", "checks")
@@ -85,7 +85,10 @@ class Scenario:
         for table in TABLES:
             _check_table(path, table, data.get(table, {}))
         requests = _request_specs(path, data.pop("requests", []))
-        workload = Workload.parse(data.pop("workload"), path.parent) if "workload" in data else None
+        try:
+            workload = Workload.parse(data.pop("workload"), path.parent) if "workload" in data else None
+        except WorkloadError as exc:  # say which scenario file: a run may name several
+            raise WorkloadError(f"{path}: {exc}") from None
         if not requests and workload is None:
             raise ScenarioError(f"{path}: no [[requests]] and no [workload]; give at least one")
         mock = dict(data.pop("mock", {}))
