@@ -299,3 +299,12 @@ def test_poisson_mix_checks_fail_when_slices_regress_to_a_burst(monkeypatch):
     checks = {c["name"]: c for c in runner.run_scenario(scenario.load("poisson-mix"), "slice")["checks"]}
     assert not checks["burst_wall"]["ok"] and not checks["spec_streaming"]["ok"]
     assert checks["parity"]["ok"] and checks["kv_released"]["ok"]
+
+
+@pytest.mark.parametrize(("name", "num"), [("overload-2k", 2000), ("overload-10k", 10_000)])
+def test_the_benchmark_workloads_load(name, num):
+    path = Path(__file__).resolve().parents[1] / "bench" / "workloads" / f"{name}.toml"
+    scen = scenario.load(str(path))
+    assert scen.name == name and scen.workload.num_requests == num and scen.workload.arrival == "poisson"
+    assert scen.scheduler == {"max_batch_size": 32, "num_kv_slots": 64}
+    assert not scen.checks  # parity and kv_released only: no per-gap checks at this size
