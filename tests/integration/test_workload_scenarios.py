@@ -137,6 +137,28 @@ speculative_share = 0.5
     assert arrivals[users:] == finishes[: max(num - users, 0)]  # each sent the instant a previous one finished
 
 
+def test_explicit_requests_beside_a_closed_loop_keep_their_arrivals(tmp_path):
+    scen = Scenario.load(write(tmp_path, """
+[workload]
+num_requests = 6
+arrival = "closed"
+concurrency = 1
+max_tokens = 10
+
+[[requests]]
+id = "probe"
+arrival_ms = 30
+max_tokens = 40
+speculative = false
+"""))
+    done = run(scen)
+    probe, *looped = done.requests
+    assert probe.arrival_ms == 30
+    spans = sorted((r.arrival_ms, done.token_times[r.id][-1]) for r in looped)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # one user: one at a time
+    assert any(probe.arrival_ms < end and start < done.token_times["probe"][-1] for start, end in spans)
+
+
 def test_closed_loop_trace_records_the_arrivals_it_ran(tmp_path):
     path = write(tmp_path, '[workload]\nnum_requests = 8\narrival = "closed"\nconcurrency = 2\nmax_tokens = 5\n')
     out = tmp_path / "t.json"
