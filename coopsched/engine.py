@@ -1,15 +1,17 @@
 """The worker loop: drain arrivals -> plan -> execute on the backend -> commit -> publish events.
 
-`run` drives a fixed list of arrivals to completion (virtual or real clock);
+`run` drives arrivals to completion (virtual or real clock): a list, or an
+`Arrivals` that may grow while it runs (a closed loop submits on finish);
 `serve_forever` is the real-time worker a server thread runs, fed by `submit`
 and `cancel` from other threads through an inbox.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -24,6 +26,35 @@ from .executor import Executor
 class RunResult:
     ticks: list[TickRecord] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)
+
+
+class Arrivals:
+    """Requests not yet submitted, earliest arrival_ms first (ties keep insertion order).
+
+    `on_finish` sees every finish event of a run: a subclass may `push` more requests
+    then (a closed loop's next request arrives the instant its previous one finishes).
+    """
+
+    def __init__(self, requests: Iterable[Request] = ()) -> None:
+        self._heap: list[tuple[float, int, Request]] = []
+        self._seq = itertools.count()
+        for request in requests:
+            self.push(request)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.arrival_ms, next(self._seq), request))
+
+    def next_ms(self) -> float:
+        return self._heap[0][0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[2]
+
+    def on_finish(self, event: TokenEvent) -> None:
+        """A request finished at event.time_ms; a fixed list of arrivals ignores it."""
 
 
 class Engine:
@@ -53,27 +84,30 @@ class Engine:
             self.on_tick(committed)
         return committed
 
-    def run(self, arrivals: Iterable[Request], keep_events: bool = True) -> RunResult:
+    def run(self, arrivals: Iterable[Request] | Arrivals, keep_events: bool = True) -> RunResult:
         """Submit each request at its arrival_ms and tick until every one has finished."""
-        pending = deque(sorted(arrivals, key=lambda r: r.arrival_ms))
+        pending = arrivals if isinstance(arrivals, Arrivals) else Arrivals(arrivals)
         result = RunResult()
         while pending or self.scheduler.has_work:
             now = self.clock.now()
-            while pending and pending[0].arrival_ms <= now:
-                self.scheduler.submit(pending.popleft())
+            while pending and pending.next_ms() <= now:
+                self.scheduler.submit(pending.pop())
             if self.scheduler.is_idle:
                 if not pending:
                     if self.scheduler.requests:
                         raise RuntimeError(f"scheduler stalled with live requests "
                                            f"{sorted(self.scheduler.requests)} and nothing to do")
                     break
-                self.clock.advance_to(pending[0].arrival_ms)
+                self.clock.advance_to(pending.next_ms())
                 result.ticks.append(TickRecord(now, self.clock.now(), ActionKind.IDLE, TickKind.IDLE, ()))
                 continue
             committed = self.step()
             result.ticks.append(committed.record)
             if keep_events:
                 result.events.extend(committed.events)
+            for event in committed.events:
+                if event.finish_reason is not None:
+                    pending.on_finish(event)
         return result
 
     # -- real-time worker (server) -------------------------------------------

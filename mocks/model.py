@@ -47,9 +47,10 @@ class MockTarget:
     def next_token(self, context: Sequence[int], h: int, prompt_len: int,
                    temperature: float = 0.0, seed: int | None = None) -> int:
         """The token after `context` (whose hash is `h`); sampling is seeded by `seed`."""
-        script = self.scripts.get(tuple(context[:prompt_len]))
-        if script is not None and len(context) - prompt_len < len(script):
-            return script[len(context) - prompt_len]
+        if self.scripts:
+            script = self.scripts.get(tuple(context[:prompt_len]))
+            if script is not None and len(context) - prompt_len < len(script):
+                return script[len(context) - prompt_len]
         if temperature > 0:
             h = extend_hash(h, (seed or 0) + 0x5EED)
         mixed = _mix(h)

@@ -25,15 +25,15 @@ def matches_stop(request: Request, detokenize: Detokenize) -> bool:
 def commit_tokens(request: Request, tokens: Sequence[int], eos_token_id: int,
                   detokenize: Detokenize) -> tuple[list[int], FinishReason | None]:
     """Append what may be committed of `tokens`; return it and the finish reason, if any."""
-    committed: list[int] = []
-    for token in list(tokens)[: request.num_remaining]:
+    output, committed = request.output_token_ids, []
+    for token in tokens[: max(request.max_tokens - len(output), 0)]:
         if token == eos_token_id:
             return committed, FinishReason.STOP
-        request.output_token_ids.append(token)
+        output.append(token)
         committed.append(token)
-        if matches_stop(request, detokenize):
+        if request.stop and matches_stop(request, detokenize):
             return committed, FinishReason.STOP
-    if request.num_remaining <= 0:
+    if len(output) >= request.max_tokens:
         return committed, FinishReason.LENGTH
     if committed:
         request.last_token = committed[-1]

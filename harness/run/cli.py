@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from coopsched.clock import ManualClock, RealClock
@@ -34,7 +35,8 @@ def positive_ms(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"scenarios to run (default: all of {', '.join(scenario.available())})")
+                        help=f"scenarios to run: a shipped name or a path to a .toml file "
+                             f"(default: all of {', '.join(scenario.available())})")
     parser.add_argument("--mode", choices=(*MODES, "all"),
                         help="scheduler mode; wins over MLXCEL_MTP_TICK_SLICE (default: the gates decide)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the trace JSON here")
@@ -93,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
         scenarios = [scenario.load(n) for n in names]
         if args.target:
             from harness.live.http_target import run_against_target
-            traces = [run_against_target(s, args.target, args.seed, console) for s in scenarios]
+            traces = [run_against_target(s.for_seed(args.seed), args.target, args.seed, console) for s in scenarios]
         else:
             factory = backend_factory(args)
             clock = RealClock if args.backend == "mlx" else ManualClock
@@ -101,8 +103,8 @@ def main(args: argparse.Namespace) -> int:
             traces = [runner.run_scenario(s, m, args.seed, backend_factory=factory, clock_factory=clock,
                                           options=options)
                       for s in scenarios for m in modes_for(args, bare)]
-    except (GateError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+    except (GateError, ValueError) as exc:  # one line, as written: no markup, no wrapping
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         return 2
     print_table(console, traces)
     print_summary(console, traces)

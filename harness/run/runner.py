@@ -75,7 +75,7 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     def record(event) -> None:
         token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
 
-    result = Engine(scheduler, backend, clock, on_event=record).run(requests, keep_events=False)
+    result = Engine(scheduler, backend, clock, on_event=record).run(scenario.arrivals(requests), keep_events=False)
     return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
                token_times, result.ticks, scheduler, backend)
 

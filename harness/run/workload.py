@@ -1,0 +1,312 @@
+"""Workloads: a scenario's `[workload]` table, turned into requests for one seed.
+
+Open loop (poisson, gamma, constant) fixes every arrival up front; a closed loop
+has `concurrency` users, each sending the next request the instant its previous
+one finishes (`ClosedLoop`, fed by the engine's finish events); `trace` replays a
+JSONL file. Same seed, same requests: numpy Generators, one salt per purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from coopsched.core import Request
+from coopsched.engine import Arrivals
+
+ARRIVALS = ("poisson", "gamma", "constant", "closed")
+OPEN_LOOP = ("poisson", "gamma", "constant")
+KEYS = ("num_requests", "arrival", "rate_per_s", "burstiness", "concurrency", "start_ms", "prompt_len",
+        "max_tokens", "speculative_share", "accept_prob", "trace")
+TRACE_KEYS = ("trace", "max_tokens", "start_ms", "accept_prob")  # the file gives the rest
+TRACE_LINE_KEYS = ("arrival_ms", "prompt_len", "prompt", "max_tokens", "speculative")
+DEFAULT_PROMPT_LEN = 16  # RequestSpec's defaults
+DEFAULT_MAX_TOKENS = 64
+SALTS = {"arrival": 1, "prompt_len": 2, "max_tokens": 3, "speculative": 4}  # one stream per purpose
+
+
+class WorkloadError(ValueError):
+    """A [workload] table or trace file that cannot be run; the message names the value."""
+
+
+def _toml(value) -> str:
+    """A value spelled about as TOML spells it ("text", 1.5, true, {"min": 1})."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _show(table: dict, key: str) -> str:
+    """`key = value`, or that the key is missing."""
+    return f"{key} = {_toml(table[key])}" if key in table else f"{key} is missing"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A token count: fixed, uniform integers in [min, max], or lognormal with mean `mean`."""
+    fixed: int | None = None
+    low: int | None = None
+    high: int | None = None
+    mean: float | None = None
+    sigma: float | None = None
+
+    @classmethod
+    def parse(cls, key: str, value) -> "Lengths":
+        accepted = "an int >= 1, {min = a, max = b} (uniform integers) or {mean = m, sigma = s} (lognormal)"
+        if _is_int(value):
+            if value < 1:
+                raise WorkloadError(f"[workload] {key} = {value}: must be >= 1 ({accepted})")
+            return cls(fixed=value)
+        if not isinstance(value, dict):
+            raise WorkloadError(f"[workload] {key} = {_toml(value)}: want {accepted}")
+        keys = set(value)
+        if keys == {"min", "max"}:
+            low, high = value["min"], value["max"]
+            if not (_is_int(low) and _is_int(high)) or low < 1:
+                raise WorkloadError(f"[workload] {key} = {{min = {_toml(low)}, max = {_toml(high)}}}: "
+                                    "min and max must be ints >= 1")
+            if low > high:
+                raise WorkloadError(f"[workload] {key}: min = {low} > max = {high}")
+            return cls(low=low, high=high)
+        if keys == {"mean", "sigma"}:
+            mean, sigma = value["mean"], value["sigma"]
+            if not (_is_number(mean) and mean > 0 and _is_number(sigma) and sigma >= 0):
+                raise WorkloadError(f"[workload] {key} = {{mean = {_toml(mean)}, sigma = {_toml(sigma)}}}: "
+                                    "mean must be a number > 0 and sigma a number >= 0")
+            return cls(mean=float(mean), sigma=float(sigma))
+        raise WorkloadError(f"[workload] {key} has keys {', '.join(sorted(keys)) or '(none)'}: want {accepted}")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.fixed is not None:
+            return np.full(n, self.fixed, dtype=np.int64)
+        if self.low is not None:
+            return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
+        mu = math.log(self.mean) - self.sigma ** 2 / 2  # so that the lengths' mean is `mean`
+        return np.maximum(np.rint(rng.lognormal(mu, self.sigma, n)), 1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class TraceLine:
+    arrival_ms: float
+    prompt_len: int | None
+    prompt: str | None
+    max_tokens: int | None
+    speculative: bool
+
+
+@dataclass(frozen=True)
+class Workload:
+    arrival: str                       # one of ARRIVALS, or "trace" for a replay
+    num_requests: int
+    rate_per_s: float | None = None
+    burstiness: float = 1.0
+    concurrency: int | None = None
+    start_ms: float = 0.0
+    prompt_len: Lengths = Lengths(fixed=DEFAULT_PROMPT_LEN)
+    max_tokens: Lengths = Lengths(fixed=DEFAULT_MAX_TOKENS)
+    speculative_share: float = 1.0
+    accept_prob: float | None = None
+    trace: tuple[TraceLine, ...] = ()
+
+    @classmethod
+    def parse(cls, table: dict, base_dir: Path) -> "Workload":
+        if not isinstance(table, dict):
+            raise WorkloadError(f"workload = {_toml(table)}: want a [workload] table")
+        unknown = sorted(set(table) - set(KEYS))
+        if unknown:
+            raise WorkloadError(f"[workload] unknown key {', '.join(map(repr, unknown))}; accepted: {', '.join(KEYS)}")
+        common = {"start_ms": _start_ms(table), "accept_prob": _share(table, "accept_prob", None),
+                  "max_tokens": Lengths.parse("max_tokens", table.get("max_tokens", DEFAULT_MAX_TOKENS))}
+        if "trace" in table:
+            extra = sorted(set(table) - set(TRACE_KEYS))
+            if extra:
+                raise WorkloadError(f"[workload] {_show(table, 'trace')} gives arrivals, lengths and flags: "
+                                    f"drop {', '.join(extra)} (with a trace: {', '.join(TRACE_KEYS)})")
+            lines = read_trace(table["trace"], base_dir)
+            return cls("trace", len(lines), trace=lines, **common)
+        arrival = table.get("arrival")
+        if arrival not in ARRIVALS:
+            raise WorkloadError(f"[workload] {_show(table, 'arrival')}: want one of {', '.join(ARRIVALS)} "
+                                "(or trace = \"FILE.jsonl\" to replay a file)")
+        num = table.get("num_requests")
+        if not _is_int(num) or num < 1:
+            raise WorkloadError(f"[workload] {_show(table, 'num_requests')}: want an int >= 1")
+        fields = dict(common, prompt_len=Lengths.parse("prompt_len", table.get("prompt_len", DEFAULT_PROMPT_LEN)),
+                      speculative_share=_share(table, "speculative_share", 1.0))
+        if arrival == "closed":
+            _refuse(table, arrival, ("rate_per_s", "burstiness"))
+            concurrency = table.get("concurrency")
+            if not _is_int(concurrency) or concurrency < 1:
+                raise WorkloadError(f"[workload] {_show(table, 'concurrency')}: arrival = \"closed\" wants "
+                                    "an int >= 1 (the number of users)")
+            return cls(arrival, num, concurrency=concurrency, **fields)
+        _refuse(table, arrival, ("concurrency",) + (() if arrival == "gamma" else ("burstiness",)))
+        rate = table.get("rate_per_s")
+        if not _is_number(rate) or rate <= 0:
+            raise WorkloadError(f"[workload] {_show(table, 'rate_per_s')}: arrival = \"{arrival}\" wants a "
+                                "number > 0 (mean requests per second)")
+        burstiness = table.get("burstiness", 1.0)
+        if not _is_number(burstiness) or burstiness <= 0:
+            raise WorkloadError(f"[workload] {_show(table, 'burstiness')}: want a number > 0 (gamma shape; "
+                                "1 = Poisson, < 1 burstier, > 1 more regular)")
+        return cls(arrival, num, rate_per_s=float(rate), burstiness=float(burstiness), **fields)
+
+    @property
+    def is_closed(self) -> bool:
+        return self.arrival == "closed"
+
+    def ids(self) -> list[str]:
+        width = max(4, len(str(self.num_requests - 1)))  # zero padded: ids sort in arrival order
+        return [f"w{i:0{width}d}" for i in range(self.num_requests)]
+
+    def specs(self, seed: int) -> list:
+        """The generated (or replayed) requests for this seed, in arrival order."""
+        from harness.run.scenario import RequestSpec
+
+        n, ids = self.num_requests, self.ids()
+        max_tokens = self.max_tokens.sample(_rng(seed, "max_tokens"), n).tolist()
+        if self.arrival == "trace":
+            return [RequestSpec(i, self.start_ms + line.arrival_ms, line.prompt_len or DEFAULT_PROMPT_LEN,
+                                line.prompt, line.max_tokens or m, line.speculative)
+                    for i, line, m in zip(ids, self.trace, max_tokens)]
+        arrivals = self.arrivals_ms(seed).tolist()
+        prompt_len = self.prompt_len.sample(_rng(seed, "prompt_len"), n).tolist()
+        eligible = np.zeros(n, dtype=bool)
+        eligible[_rng(seed, "speculative").permutation(n)[: round(self.speculative_share * n)]] = True
+        return [RequestSpec(i, a, p, None, m, s)
+                for i, a, p, m, s in zip(ids, arrivals, prompt_len, max_tokens, eligible.tolist())]
+
+    def arrivals_ms(self, seed: int) -> np.ndarray:
+        """Open loop: the first request at start_ms, then gaps of mean 1000 / rate_per_s ms.
+        Closed loop: start_ms for all (the first `concurrency` are sent then, the rest on finishes)."""
+        n = self.num_requests
+        if self.is_closed:
+            return np.full(n, self.start_ms)
+        mean_gap = 1000.0 / self.rate_per_s
+        rng = _rng(seed, "arrival")
+        if self.arrival == "constant":
+            gaps = np.full(n - 1, mean_gap)
+        elif self.arrival == "poisson":
+            gaps = rng.exponential(mean_gap, n - 1)
+        else:  # gamma: shape k, mean kept; CV of the gaps = 1 / sqrt(k) (vLLM bench's burstiness)
+            gaps = rng.gamma(self.burstiness, mean_gap / self.burstiness, n - 1)
+        return np.round(self.start_ms + np.concatenate(([0.0], np.cumsum(gaps))), 6)
+
+    def arrivals(self, requests: list[Request]) -> Arrivals | list[Request]:
+        """What the engine runs: the list itself, or a ClosedLoop over this workload's requests."""
+        if not self.is_closed:
+            return requests
+        return ClosedLoop(requests, set(self.ids()), self.concurrency, self.start_ms)
+
+
+class ClosedLoop(Arrivals):
+    """`concurrency` users: each sends the next unsent request the instant its previous one
+    finishes (the finish event's time). Requests outside the loop keep their own arrival_ms."""
+
+    def __init__(self, requests: Iterable[Request], looped: set[str], concurrency: int, start_ms: float) -> None:
+        requests = list(requests)
+        super().__init__(r for r in requests if r.id not in looped)
+        self._looped = looped
+        self._unsent = deque(r for r in requests if r.id in looped)
+        for _ in range(min(concurrency, len(self._unsent))):
+            self._send(start_ms)
+
+    def _send(self, at_ms: float) -> None:
+        request = self._unsent.popleft()
+        request.arrival_ms = at_ms
+        self.push(request)
+
+    def on_finish(self, event) -> None:
+        if event.seq_id in self._looped and self._unsent:
+            self._send(event.time_ms)
+
+
+def _rng(seed: int, purpose: str) -> np.random.Generator:
+    return np.random.default_rng([SALTS[purpose], seed % 2 ** 64])  # any int seed, negative too
+
+
+def _refuse(table: dict, arrival: str, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if key in table:
+            wants = {"concurrency": 'arrival = "closed"', "burstiness": 'arrival = "gamma"',
+                     "rate_per_s": "an open loop (poisson, gamma, constant)"}[key]
+            raise WorkloadError(f"[workload] {_show(table, key)} does not apply to arrival = \"{arrival}\"; "
+                                f"it needs {wants}")
+
+
+def _start_ms(table: dict) -> float:
+    value = table.get("start_ms", 0.0)
+    if not _is_number(value) or value < 0:
+        raise WorkloadError(f"[workload] {_show(table, 'start_ms')}: want a number of ms >= 0")
+    return float(value)
+
+
+def _share(table: dict, key: str, default):
+    value = table.get(key, default)
+    if value is not None and (not _is_number(value) or not 0.0 <= value <= 1.0):
+        raise WorkloadError(f"[workload] {_show(table, key)}: want a number within [0, 1]")
+    return None if value is None else float(value)
+
+
+def read_trace(name, base_dir: Path) -> tuple[TraceLine, ...]:
+    """A JSONL replay: one object per line (blank lines allowed), path relative to the scenario file."""
+    if not isinstance(name, str) or not name:
+        raise WorkloadError(f"[workload] trace = {json.dumps(name)}: want a path to a .jsonl file")
+    path = (base_dir / name).resolve()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise WorkloadError(f"[workload] trace file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"[workload] cannot read trace file {path}: {exc}") from None
+    lines = [_trace_line(path, number, line) for number, line in enumerate(text.splitlines(), 1)
+             if line.strip()]
+    if not lines:
+        raise WorkloadError(f"trace file {path} holds no requests")
+    return tuple(sorted(lines, key=lambda line: line.arrival_ms))  # stable: file order among ties
+
+
+def _trace_line(path: Path, number: int, text: str) -> TraceLine:
+    where = f"{path}:{number}"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{where}: not a JSON object ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: want a JSON object, got {text.strip()[:60]}")
+    unknown = sorted(set(obj) - set(TRACE_LINE_KEYS))
+    if unknown:
+        raise WorkloadError(f"{where}: unknown key {', '.join(map(repr, unknown))}; "
+                            f"accepted: {', '.join(TRACE_LINE_KEYS)}")
+    arrival = obj.get("arrival_ms")
+    if not _is_number(arrival) or arrival < 0:
+        raise WorkloadError(f"{where}: arrival_ms = {json.dumps(arrival)}: want a number >= 0 (required)")
+    if ("prompt_len" in obj) == ("prompt" in obj):
+        raise WorkloadError(f"{where}: give exactly one of prompt_len (int >= 1) and prompt (text)")
+    prompt_len, prompt = obj.get("prompt_len"), obj.get("prompt")
+    if "prompt_len" in obj and (not _is_int(prompt_len) or prompt_len < 1):
+        raise WorkloadError(f"{where}: prompt_len = {json.dumps(prompt_len)}: want an int >= 1")
+    if "prompt" in obj and (not isinstance(prompt, str) or not prompt):
+        raise WorkloadError(f"{where}: prompt = {json.dumps(prompt)}: want non-empty text")
+    max_tokens = obj.get("max_tokens")
+    if "max_tokens" in obj and (not _is_int(max_tokens) or max_tokens < 1):
+        raise WorkloadError(f"{where}: max_tokens = {json.dumps(max_tokens)}: want an int >= 1")
+    speculative = obj.get("speculative", True)
+    if not isinstance(speculative, bool):
+        raise WorkloadError(f"{where}: speculative = {json.dumps(speculative)}: want true or false")
+    return TraceLine(float(arrival), prompt_len, prompt, max_tokens, speculative)
