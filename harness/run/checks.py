@@ -187,11 +187,12 @@ def evaluate(run, *, classic, burst) -> list[dict]:
         out.append(check("window", holds, formed, 1, note="a B > 1 speculative window ran"))
 
     out += mode_checks.throughput_checks(run, burst)
-    mismatched = [r.id for r in run.requests
-                  if r.output_token_ids != classic.by_id(r.id).output_token_ids
-                  or r.finish_reason != classic.by_id(r.id).finish_reason]
-    out.append(check("parity", not mismatched, len(mismatched), 0,
-                     note="tokens equal speculation forced off" + (f": {mismatched}" if mismatched else "")))
+    if classic is not None:
+        mismatched = [r.id for r in run.requests
+                      if r.output_token_ids != classic.by_id(r.id).output_token_ids
+                      or r.finish_reason != classic.by_id(r.id).finish_reason]
+        out.append(check("parity", not mismatched, len(mismatched), 0,
+                         note="tokens equal speculation forced off" + (f": {mismatched}" if mismatched else "")))
     leaked = run.scheduler.kv.num_in_use + getattr(run.backend, "num_live", 0)
     out.append(check("kv_released", leaked == 0, leaked, 0, note="slots and caches freed"))
     return out

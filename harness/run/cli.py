@@ -14,7 +14,7 @@ from coopsched.clock import ManualClock, RealClock
 from coopsched.env import GateError
 from coopsched.core import MODES
 
-from harness.run import runner, scenario
+from harness.run import runner, scenario, trace_json
 from harness.run.summary import print_summary
 
 
@@ -110,7 +110,8 @@ def main(args: argparse.Namespace) -> int:
     print_summary(console, traces)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(runner.dumps(traces))
+        with args.json.open("w") as fp:
+            trace_json.write(traces, fp)
     failed = [f"{t['scenario']}/{t['mode']}/{c['name']}" for t in traces for c in t["checks"] if not c["ok"]]
     if failed:
         console.print(f"[red]{len(failed)} expectation(s) failed:[/] {', '.join(failed)}")

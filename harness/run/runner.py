@@ -8,7 +8,6 @@ off for parity, the legacy burst for the burst_wall ratio) and the checks.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,9 +35,12 @@ class Run:
     scheduler: Scheduler
     backend: object
     extra: dict = field(default_factory=dict)
+    _index: dict = field(default_factory=dict, repr=False)
 
     def by_id(self, seq_id: str) -> Request:
-        return next(r for r in self.requests if r.id == seq_id)
+        if len(self._index) != len(self.requests):
+            self._index.update((r.id, r) for r in self.requests)
+        return self._index[seq_id]
 
 
 def mock_backend(clock, scenario: Scenario, seed: int) -> MockBackend:
@@ -123,14 +125,11 @@ def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
 
     config = scenario_config(scenario, mode, options)
     run = execute(scenario, config, seed, backend_factory=backend_factory, clock=clock_factory())
-    classic = execute(scenario, config, seed, speculative=False, backend_factory=backend_factory,
-                      clock=clock_factory())
-    burst = None
-    if config.mode != "burst":
+    classic = burst = None
+    if scenario.runs_reference("parity"):
+        classic = execute(scenario, config, seed, speculative=False, backend_factory=backend_factory,
+                          clock=clock_factory())
+    if config.mode != "burst" and scenario.runs_reference("vs_burst"):
         burst = execute(scenario, config.with_(mode="burst"), seed, backend_factory=backend_factory,
                         clock=clock_factory())
     return to_trace(run, evaluate(run, classic=classic, burst=burst), seed)
-
-
-def dumps(traces: list[dict]) -> str:
-    return json.dumps(traces, indent=1) + "\n"

@@ -22,7 +22,8 @@ from harness.run.workload import Workload, WorkloadError
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 TABLES = ("scheduler", "cost", "mock", "gates", "checks")
 MOCK_KEYS = ("accept_prob", "eos_rate")
-CHECK_NAMES = ("classic_itl", "burst_wall", "lump", "rotation", "window", "throughput_vs_burst")  # checks.evaluate
+CHECK_NAMES = ("classic_itl", "burst_wall", "lump", "rotation", "window", "throughput_vs_burst",  # checks.evaluate
+               "parity", "vs_burst")  # reference runs, on unless `= false`
 
 
 class ScenarioError(ValueError):
@@ -105,6 +106,11 @@ class Scenario:
     def specs(self, seed: int) -> tuple[RequestSpec, ...]:
         """The explicit requests, then the workload's for this seed."""
         return self.requests + (_generated(self.workload, seed) if self.workload else ())
+
+    def runs_reference(self, name: str) -> bool:
+        """Whether a reference run is wanted: `parity` (speculation forced off) or `vs_burst`
+        (the legacy burst, for ratios): on unless the scenario's [checks] set it to false."""
+        return self.checks.get(name, True) is not False
 
     def build_requests(self, seed: int, speculative: bool | None = None) -> list[Request]:
         return [spec.build(seed, speculative) for spec in self.specs(seed)]

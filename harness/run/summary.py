@@ -22,17 +22,17 @@ def _spec_ends(trace: dict) -> list[float]:
 
 
 def summary_row(trace: dict) -> dict:
-    pairs = [(a, b) for r in trace["requests"] if not r["speculative"]
-             for a, b in zip(r["token_times_ms"], r["token_times_ms"][1:])]
-    gaps = np.array([b - a for a, b in pairs], dtype=float)
+    times = [r["token_times_ms"] for r in trace["requests"] if not r["speculative"]]
+    starts = np.array([a for t in times for a in t[:-1]], dtype=float)
+    stops = np.array([b for t in times for b in t[1:]], dtype=float)
+    gaps = stops - starts
     ends = np.array(sorted(_spec_ends(trace)), dtype=float)
-    with_spec = [b - a for a, b in pairs
-                 if np.searchsorted(ends, b, "right") > np.searchsorted(ends, a, "right")]
+    with_spec = gaps[np.searchsorted(ends, stops, "right") > np.searchsorted(ends, starts, "right")]
     throughput = trace.get("throughput", {})
     return {
         "scenario": trace["scenario"], "mode": trace["mode"],
         "classic_stall_ms": float(gaps.max()) if gaps.size else None,
-        "classic_stall_spec_ms": max(with_spec) if with_spec else None,
+        "classic_stall_spec_ms": float(with_spec.max()) if with_spec.size else None,
         "classic_itl_p99_ms": float(np.percentile(gaps, 99)) if gaps.size else None,
         "spec_tok_s": throughput.get("spec_tok_s"),
         "aggregate_tok_s": throughput.get("aggregate_tok_s"),

@@ -7,7 +7,7 @@ import pytest
 
 from coopsched.cli import main as cli
 from coopsched.core import MODES
-from harness.run import mode_checks, runner, scenario
+from harness.run import mode_checks, runner, scenario, trace_json
 from harness.run.checks import terms_of
 from harness.run.scenario import SCENARIO_DIR
 from harness.run.summary import summary_row
@@ -175,8 +175,8 @@ def test_cli_all_modes_print_the_side_by_side_table(tmp_path, capsys):
 def test_fused_and_cost_traces_are_byte_reproducible():
     scen = scenario.load("rotation")
     for mode in ("fused", "cost"):
-        assert runner.dumps([runner.run_scenario(scen, mode, seed=2)]) == \
-            runner.dumps([runner.run_scenario(scen, mode, seed=2)])
+        assert trace_json.dumps([runner.run_scenario(scen, mode, seed=2)]) == \
+            trace_json.dumps([runner.run_scenario(scen, mode, seed=2)])
 
 
 # `coopsched calibrate` on this kind of CPU (tiny MLX model): a forward costs about the same

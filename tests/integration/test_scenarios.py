@@ -6,7 +6,7 @@ import pytest
 
 from coopsched.cli import main as cli
 from coopsched.core import MODES
-from harness.run import runner, scenario
+from harness.run import runner, scenario, trace_json
 
 
 def checks_of(trace) -> dict:
@@ -76,9 +76,9 @@ def test_burst_streams_one_lump_and_slice_per_round():
 
 def test_same_seed_same_bytes_other_seed_differs():
     scen = scenario.load("parity-b1")
-    one = runner.dumps([runner.run_scenario(scen, "slice", seed=3)])
-    assert one == runner.dumps([runner.run_scenario(scen, "slice", seed=3)])
-    assert one != runner.dumps([runner.run_scenario(scen, "slice", seed=4)])
+    one = trace_json.dumps([runner.run_scenario(scen, "slice", seed=3)])
+    assert one == trace_json.dumps([runner.run_scenario(scen, "slice", seed=3)])
+    assert one != trace_json.dumps([runner.run_scenario(scen, "slice", seed=4)])
 
 
 def test_waiter_parking_quirk_is_reproduced_counted_and_visible():
