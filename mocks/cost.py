@@ -36,6 +36,7 @@ class CostModel:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})  # decode and verify by size: pure, asked every tick
         if not 0.0 <= self.jitter < 1.0:
             raise ValueError(f"jitter={self.jitter} must be within [0, 1)")
         for name in ("decode_ms", "verify_ms"):
@@ -69,13 +70,19 @@ class CostModel:
         return self.prefill_fixed_ms + self.prefill_per_token_ms * num_tokens + draft
 
     def decode(self, batch_size: int) -> float:
-        return _interp(self.decode_ms, batch_size)
+        key = ("decode", batch_size)
+        if key not in self._memo:
+            self._memo[key] = _interp(self.decode_ms, batch_size)
+        return self._memo[key]
 
     def draft(self, num_tokens: int) -> float:
         return self.draft_per_token_ms * num_tokens
 
     def verify(self, width: int) -> float:
-        return _interp(self.verify_ms, width)
+        key = ("verify", width)
+        if key not in self._memo:
+            self._memo[key] = _interp(self.verify_ms, width)
+        return self._memo[key]
 
     def round(self, block_size: int, rows: int = 1) -> float:
         """One speculative round: K-1 drafts (rows drafted together) and one verify of rows*K."""

@@ -6,8 +6,6 @@ Each entry: the handling it removes, and the fault mix that exercises it.
 
 from __future__ import annotations
 
-import dataclasses
-
 import coopsched.core.scheduler as scheduler_module
 import coopsched.executor as executor_module
 from coopsched.core.kv import KVSlotPool
@@ -56,7 +54,7 @@ def _admission_ignores_kv(mp):
     tick_state = scheduler_module.Scheduler.tick_state
 
     def ignoring(self):
-        return dataclasses.replace(tick_state(self), num_admissible=len(self.queue))
+        return tick_state(self)._replace(num_admissible=len(self.queue))
     mp.setattr(scheduler_module.Scheduler, "tick_state", ignoring)
 
 

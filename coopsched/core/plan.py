@@ -7,15 +7,14 @@ objects; `job` is the speculative job the tick serves, if any.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .request import Request
 from .spec import SpecJob
 from .types import ActionKind, TickKind, TickState
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(NamedTuple):
     action: ActionKind
     kind: TickKind
     state: TickState                     # what the policy decided from

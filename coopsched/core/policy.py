@@ -9,8 +9,7 @@ scheduler asks its policy and never tests the mode.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .plan import Plan
 from .request import Request
@@ -21,8 +20,7 @@ __all__ = ["ActionKind", "Decision", "SchedulerView", "TickPolicy", "TickState",
            "next_yield_flag"]
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     action: ActionKind
     block_size: int | None = None  # K for this tick's round; None: the job's own
 

@@ -19,7 +19,7 @@ from .kv import KVSlotPool
 from .modes import make_policy
 from .observability import BatchObservability
 from .plan import Plan
-from .policy import Decision, decide_action, next_yield_flag
+from .policy import Decision, next_yield_flag
 from .queue import PrefillQueue
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
@@ -74,7 +74,9 @@ class Scheduler:
     @property
     def is_idle(self) -> bool:
         """Nothing to do until something arrives (cancelled requests still to reap are work)."""
-        return not self._reaped and not self._cancelled and decide_action(self.tick_state()) is ActionKind.IDLE
+        # decide_action's Idle: no speculative work, no batch, nothing admissible
+        return not (self._reaped or self._cancelled or self.running or self.has_spec_work
+                    or (len(self.queue) and self.kv.num_free))
 
     @property
     def has_spec_work(self) -> bool:

@@ -2,13 +2,15 @@
 
 A tick's kind is set where the work is planned or fails, never parsed from text
 later: the bounds, the cost arbiter and the reports all read `TickRecord.kind`.
-Times are the ones the engine passed in (ms); nothing here reads a clock.
+Times are the ones the engine passed in (ms); nothing here reads a clock. The
+records made every tick or every row are NamedTuples: immutable and cheap to make.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 
 class ActionKind(str, enum.Enum):
@@ -54,8 +56,7 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"    # a model call failed for this request (Request.error says why)
 
 
-@dataclass(frozen=True, slots=True)
-class TickState:
+class TickState(NamedTuple):
     """What the tick policy decides from: a small frozen record, so policies are table-tested."""
     has_spec_work: bool = False      # an active job or a non-empty backlog
     num_running: int = 0             # classic rows in the decode batch
@@ -67,8 +68,7 @@ class TickState:
     num_free_slots: int = 0          # KV slots free
 
 
-@dataclass(frozen=True, slots=True)
-class Emission:
+class Emission(NamedTuple):
     """Tokens a tick made visible for one request, and whether that finished it."""
     seq_id: str
     token_ids: tuple[int, ...]
@@ -120,8 +120,7 @@ class RequestOutcome:
     error: str | None = None              # FinishReason.ERROR: what failed
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
+class TokenEvent(NamedTuple):
     seq_id: str
     token_ids: tuple[int, ...]
     time_ms: float
@@ -129,8 +128,7 @@ class TokenEvent:
     outcome: RequestOutcome | None = None  # set on the finish event
 
 
-@dataclass(frozen=True, slots=True)
-class TickRecord:
+class TickRecord(NamedTuple):
     start_ms: float
     end_ms: float
     action: ActionKind
@@ -159,8 +157,7 @@ class Outcome:
     touched: tuple[str, ...] = ()     # on error: the rows the tick record names
 
 
-@dataclass(frozen=True, slots=True)
-class TickDeltas:
+class TickDeltas(NamedTuple):
     """What one committed tick adds to the books: a server exports these, never the books."""
     rounds: int = 0
     drafted: int = 0
@@ -170,8 +167,7 @@ class TickDeltas:
     hol_waiters: int = 0                           # rows waiting on this tick's speculative work
 
 
-@dataclass(frozen=True, slots=True)
-class Committed:
+class Committed(NamedTuple):
     record: TickRecord
     events: list[TokenEvent]
     deltas: TickDeltas

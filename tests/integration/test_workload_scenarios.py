@@ -330,4 +330,5 @@ def test_the_benchmark_workloads_load(name, num):
     scen = scenario.load(str(path))
     assert scen.name == name and scen.workload.num_requests == num and scen.workload.arrival == "poisson"
     assert scen.scheduler == {"max_batch_size": 32, "num_kv_slots": 64}
-    assert not scen.checks  # parity and kv_released only: no per-gap checks at this size
+    assert scen.checks == {"parity": False, "vs_burst": False}  # one scheduler run, kv_released only
+    assert not scen.runs_reference("parity") and not scen.runs_reference("vs_burst")
