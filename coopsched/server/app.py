@@ -44,9 +44,12 @@ def create_app(host: EngineHost) -> FastAPI:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(error.body(), status_code=exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:  # OpenAI's words for a route that does not exist
+            error = ApiError(404, f"Invalid URL ({request.method} {request.url.path})", code="not_found")
+        else:
+            error = ApiError(exc.status_code, str(exc.detail))
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
     context, names = host.config.slot_tokens, [host.model.name, *host.model.aliases]
     completion_schema = openapi.completion_request(host.model.vocab_size, context, names)
@@ -61,9 +64,14 @@ def create_app(host: EngineHost) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        model = host.model
-        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": 0,
-                                            "owned_by": "coopsched"}]}
+        return {"object": "list", "data": [_model_card(host)]}
+
+    # `:path` so that ids with a slash (an alias that is a directory) reach the handler, as vLLM allows
+    @app.get("/v1/models/{model_id:path}", responses=openapi.model_responses())
+    async def model(model_id: str):
+        if not host.model.answers_to(model_id):
+            raise _unknown_model(host, model_id)
+        return _model_card(host)
 
     @app.get("/health")
     async def health():
@@ -84,6 +92,18 @@ def create_app(host: EngineHost) -> FastAPI:
     return app
 
 
+def _model_card(host: EngineHost) -> dict:
+    """OpenAI's model object, plus vLLM's `max_model_len` (load tools size requests by it)."""
+    return {"id": host.model.name, "object": "model", "created": 0, "owned_by": "coopsched",
+            "max_model_len": host.config.slot_tokens}
+
+
+def _unknown_model(host: EngineHost, name: str) -> ApiError:
+    # OpenAI answers an unknown model with 404, type invalid_request_error, code model_not_found
+    return ApiError(404, f"the model {name!r} does not exist; this server serves {host.model.name!r}",
+                    param="model", code="model_not_found")
+
+
 async def _read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -102,8 +122,7 @@ async def _complete(host: EngineHost, request: Request, *, is_chat: bool):
     params = protocol.parse_request(body, is_chat=is_chat, encode=model.encode, encode_chat=model.encode_chat,
                                     vocab_size=model.vocab_size, context_tokens=host.config.slot_tokens)
     if params.model is not None and not model.answers_to(params.model):
-        raise ApiError(404, f"the model {params.model!r} does not exist; this server serves {model.name!r}",
-                       param="model", code="model_not_found")
+        raise _unknown_model(host, params.model)
     if not host.is_healthy:
         raise ApiError(503, f"the engine has stopped: {host.failure!r}", code="engine_failed")
     seq_id = host.new_id("chatcmpl" if is_chat else "cmpl")

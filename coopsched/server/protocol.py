@@ -17,19 +17,24 @@ DEFAULT_CHAT_MAX_TOKENS = 256   # chat has no default in OpenAI's API; the mock 
 MAX_STOP_STRINGS = 4
 
 
+def openai_error_type(status: int) -> str:
+    """OpenAI's error type for a status: rate limits are typed by what ran out (here: requests),
+    every other client error (unknown model or route included) is an invalid request."""
+    if status == 429:
+        return "requests"
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
 class ApiError(Exception):
     """A refusal with its OpenAI-shaped body; `param` and `code` are null where nothing applies."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
-        self.type = type or {404: "not_found_error", 413: "invalid_request_error",
-                             429: "rate_limit_error"}.get(status, "invalid_request_error"
-                                                          if status < 500 else "server_error")
+        self.type = openai_error_type(status)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

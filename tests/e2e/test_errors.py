@@ -1,4 +1,5 @@
-"""Malformed requests -> exact status codes and OpenAI-shaped errors, while another stream runs intact."""
+"""Malformed requests -> exact status codes and OpenAI-shaped errors with OpenAI's error types,
+while another stream runs intact."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ pytestmark = pytest.mark.e2e
 
 CONTEXT = 4096
 LONG_PROMPT = "x" * (CONTEXT + 10)
+# what OpenAI's API sends as `type` for each status (a rate limit is typed by what ran out)
+OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+                413: "invalid_request_error", 429: "requests"}
 
 # (id, path, raw body or JSON, status, param, code)
 CASES = [
@@ -81,7 +85,7 @@ def assert_error_shape(response: httpx.Response, status: int, param, code) -> No
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and error["type"]
+    assert error["type"] == OPENAI_TYPES[status]
     assert (error["param"], error["code"]) == (param, code)
 
 
