@@ -1,8 +1,9 @@
 """The FastAPI app: parse, submit, stream. Thin by design: the scheduler lives in the engine thread.
 
 `create_app(host)` serves one EngineHost: OpenAI completions and chat (SSE, one
-event per token), /v1/models, /health (with the mock's cost terms) and /metrics.
-A client that disconnects cancels its request.
+event per token; a chat stream opens with OpenAI's role chunk), /v1/models and
+/v1/models/{id}, /health (with the mock's cost terms) and /metrics. Every error
+body is OpenAI's. A client that disconnects cancels its request.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coopsched.core.request import RequestError
+from coopsched.core.request import RequestError, SamplingParams
 
 from . import openapi, protocol
 from .protocol import ApiError, CompletionParams, Envelope
@@ -127,8 +128,8 @@ async def _complete(host: EngineHost, request: Request, *, is_chat: bool):
         raise ApiError(503, f"the engine has stopped: {host.failure!r}", code="engine_failed")
     seq_id = host.new_id("chatcmpl" if is_chat else "cmpl")
     try:
-        live = host.submit(seq_id, params.prompt_token_ids, params.max_tokens, params.temperature,
-                           params.seed, params.stop, params.speculative)
+        live = host.submit(seq_id, params.prompt_token_ids, params.max_tokens, params.stop, params.speculative,
+                           SamplingParams(params.temperature, params.seed, params.min_tokens, params.ignore_eos))
     except QueueFull as exc:
         raise ApiError(429, str(exc), code="queue_full") from exc
     except RequestError as exc:
@@ -161,7 +162,7 @@ async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelo
     text = TextStream(host.model.detokenize, params.stop)
     with_ids = params.return_token_ids
     usage_field = {"usage": None} if params.include_usage else {}
-    num_tokens, is_first, is_done = 0, True, False
+    num_tokens, needs_role, is_done = 0, envelope.is_chat, False
     try:
         while not is_done:
             delivery: Delivery = await live.queue.get()
@@ -173,17 +174,19 @@ async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelo
             deltas = text.push(delivery.token_ids)
             tail = text.finish(reason) if reason is not None else ""
             events = []
+            if needs_role:  # OpenAI's first chat chunk: the role and empty content, with the first token
+                events.append(protocol.sse(envelope.chunk(envelope.role_choice(with_ids), **usage_field)))
+                needs_role = False
             for i, (token, delta) in enumerate(zip(delivery.token_ids, deltas)):
                 is_last = reason is not None and i == len(deltas) - 1
                 choice = envelope.token_choice(delta + (tail if is_last else ""), [token] if with_ids else None,
-                                               reason if is_last else None, is_first)
+                                               reason if is_last else None)
                 extra = _extension(delivery) if is_last else {}
                 events.append(protocol.sse(envelope.chunk(choice, **usage_field, **extra)))
-                is_first = False
             num_tokens += len(delivery.token_ids)
             if reason is not None:
                 if not delivery.token_ids:  # EOS or cancel: a final event of its own
-                    choice = envelope.token_choice(tail, [] if with_ids else None, reason, is_first)
+                    choice = envelope.token_choice(tail, [] if with_ids else None, reason)
                     events.append(protocol.sse(envelope.chunk(choice, **usage_field, **_extension(delivery))))
                 if params.include_usage:
                     events.append(protocol.sse(envelope.chunk(
