@@ -12,7 +12,7 @@ import asyncio
 import gc
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -69,7 +69,7 @@ def create_app(host: EngineHost) -> FastAPI:
 
     # `:path` so that ids with a slash (an alias that is a directory) reach the handler, as vLLM allows
     @app.get("/v1/models/{model_id:path}", responses=openapi.model_responses())
-    async def model(model_id: str):
+    async def model(model_id: str = Path(examples=names)):  # examples: a fuzzer also tries the served ids
         if not host.model.answers_to(model_id):
             raise _unknown_model(host, model_id)
         return _model_card(host)
