@@ -55,9 +55,11 @@ class MockBackend:
         seq.tokens.append(token)
         seq.hashes.append(extend_hash(seq.hashes[-1], token))
 
-    def _next(self, seq: _Sequence, context: Sequence[int], h: int) -> int:
+    def _next(self, seq: _Sequence, context: Sequence[int], h: int, eos_rules: bool = True) -> int:
+        """The target's token after `context`, which is output token len(context) - prompt_len."""
+        suppress = eos_rules and seq.params.suppresses_eos(len(context) - seq.prompt_len)
         return self.target.next_token(context, h, seq.prompt_len, seq.params.temperature,
-                                      seq.params.seed)
+                                      seq.params.seed, suppress_eos=suppress)
 
     def _target_after(self, seq: _Sequence) -> int:
         return self._next(seq, seq.tokens, seq.hashes[-1])
@@ -92,7 +94,7 @@ class MockBackend:
             seq.rounds += 1
             context, h, proposals = seq.tokens + [last], extend_hash(seq.hashes[-1], last), []
             for i in range(num_tokens):
-                target = self._next(seq, context, h)
+                target = self._next(seq, context, h, eos_rules=not self.drafter.ignores_eos_rules)
                 token = target if i < matching else self.drafter.miss(target)
                 proposals.append(token)
                 context.append(token)

@@ -45,28 +45,37 @@ class MockTarget:
         self.scripts = {tuple(k): list(v) for k, v in (scripts or {}).items()}
 
     def next_token(self, context: Sequence[int], h: int, prompt_len: int,
-                   temperature: float = 0.0, seed: int | None = None) -> int:
-        """The token after `context` (whose hash is `h`); sampling is seeded by `seed`."""
+                   temperature: float = 0.0, seed: int | None = None, suppress_eos: bool = False) -> int:
+        """The token after `context` (whose hash is `h`); sampling is seeded by `seed`.
+
+        With `suppress_eos` (min_tokens, ignore_eos) the EOS this context would get becomes the
+        printable token of the same hash: a deterministic runner-up, as masking EOS's logit gives.
+        """
         if self.scripts:
             script = self.scripts.get(tuple(context[:prompt_len]))
             if script is not None and len(context) - prompt_len < len(script):
-                return script[len(context) - prompt_len]
+                token = script[len(context) - prompt_len]
+                if not (suppress_eos and token == self.eos_token_id):
+                    return token
         if temperature > 0:
             h = extend_hash(h, (seed or 0) + 0x5EED)
         mixed = _mix(h)
-        if self.eos_rate and (mixed >> 40) % 1_000_000 < self.eos_rate * 1_000_000:
+        if self.eos_rate and not suppress_eos and (mixed >> 40) % 1_000_000 < self.eos_rate * 1_000_000:
             return self.eos_token_id
         return _FIRST_PRINTABLE + mixed % _NUM_PRINTABLE
 
 
 class MockDrafter:
     def __init__(self, accept_prob: float = 0.7, seed: int = 0,
-                 scripts: Mapping[str, Sequence[int]] | None = None) -> None:
+                 scripts: Mapping[str, Sequence[int]] | None = None, ignores_eos_rules: bool = False) -> None:
         if not 0.0 <= accept_prob <= 1.0:
             raise ValueError(f"accept_prob={accept_prob} must be within [0, 1]")
         self.accept_prob = accept_prob
         self.seed = seed
         self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
+        # a drafter that does not know min_tokens / ignore_eos proposes EOS where the target may
+        # not sample it: the verify must reject it (parity only needs the target to be right)
+        self.ignores_eos_rules = ignores_eos_rules
 
     def num_matching(self, seq_id: str, round_index: int, num_drafts: int) -> int:
         """How many of this round's drafts agree with the target before the first miss."""

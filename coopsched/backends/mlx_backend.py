@@ -4,7 +4,9 @@ Every sequence owns per-layer KV caches (target, and drafter when speculative).
 A batched call merges the rows' caches into one left-padded BatchKVCache, runs
 ONE forward over all rows, and splits the caches back, so each row can be
 rewound on its own after a rejected draft tail. The classic decode batch stays
-merged while its rows do not change. Greedy at temperature 0; time is simply spent.
+merged while its rows do not change. Greedy at temperature 0; where a request's
+min_tokens / ignore_eos forbid EOS at an output index, its logit is -inf there
+(target and drafter alike). Time is simply spent.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ RESIDENT_ROOM = 64     # decode steps a merged classic batch takes before it reg
 @dataclass(slots=True)
 class _Sequence:
     params: SamplingParams
+    prompt_len: int                         # a context of n tokens predicts output index n - prompt_len
     tokens: list[int]                       # what the target cache holds
     cache: list | None                      # per-layer KVCache; None while in the resident batch
     draft_tokens: list[int] = field(default_factory=list)  # what the drafter cache holds
@@ -98,7 +101,7 @@ class MlxBackend:
         if bad is not None:  # MLX would index the embedding out of bounds without a word
             raise ValueError(f"sequence {seq_id!r}: token id {bad} is outside the model's vocab "
                              f"(0..{self.vocab_size - 1})")
-        seq = _Sequence(params, list(prompt), new_cache(self.model))
+        seq = _Sequence(params, len(prompt), list(prompt), new_cache(self.model))
         # As generate_step: all but the last token in chunks, then the last one for the logits.
         for start in range(0, len(prompt) - 1, PREFILL_STEP):
             self.model(mx.array([prompt[start:min(start + PREFILL_STEP, len(prompt) - 1)]]),
@@ -149,10 +152,11 @@ class MlxBackend:
             inputs = [x[-1:] for x in inputs]
         proposals: list[list[int]] = [[] for _ in rows]
         batch = Batch([s.draft_cache for s in seqs], len(inputs[0]) + num_tokens) if len(rows) > 1 else None
-        for _ in range(num_tokens):
+        for step in range(num_tokens):
             logits = (batch.forward(self.draft_model, inputs) if batch
                       else forward_one(self.draft_model, seqs[0].draft_cache, inputs))
-            tokens = _greedy(logits[:, -1, :])
+            # the same EOS rule as the target (the verify would reject a forbidden EOS anyway)
+            tokens = _greedy(self._mask_eos(seqs, logits[:, -1, :], [len(s.tokens) + 1 + step for s in seqs]))
             for seq, fed, row, token in zip(seqs, inputs, proposals, tokens):
                 seq.draft_tokens.extend(fed)
                 row.append(token)
@@ -265,7 +269,9 @@ class MlxBackend:
 
     def _sample(self, seqs: Sequence[_Sequence], logits: mx.array, positions: Sequence[int]) -> list[int]:
         """Greedy rows exactly as generate_step. Temperature rows draw with a key of (seed, context
-        length), so a token is the same whether decoded, verified or fused: speculation keeps parity."""
+        length), so a token is the same whether decoded, verified or fused: speculation keeps parity.
+        `positions` are the context lengths the logits follow (output index = position - prompt_len)."""
+        logits = self._mask_eos(seqs, logits, positions)
         greedy = _greedy(logits)
         out = []
         for i, seq in enumerate(seqs):
@@ -276,6 +282,16 @@ class MlxBackend:
             token = mx.random.categorical(logits[i] / seq.params.temperature, key=key)
             out.append(int(token.item()))
         return out
+
+
+    def _mask_eos(self, seqs: Sequence[_Sequence], logits: mx.array, positions: Sequence[int]) -> mx.array:
+        """EOS's logit at -inf in the rows whose next output index may not be EOS, as a logits
+        processor before argmax or the draw; the logits are untouched when no row needs it."""
+        rows = [seq.params.suppresses_eos(pos - seq.prompt_len) for seq, pos in zip(seqs, positions)]
+        if not any(rows):
+            return logits
+        is_eos = mx.arange(logits.shape[-1]) == self.eos_token_id
+        return mx.where(mx.array(rows)[:, None] & is_eos[None, :], mx.array(-mx.inf, logits.dtype), logits)
 
 
 def _greedy(logits: mx.array) -> list[int]:

@@ -1,7 +1,8 @@
 """Committing sampled tokens to a request: the same rules for classic and speculative rows.
 
 Tokens are first truncated to the remaining budget; EOS is never committed;
-finish-reason ranking: stop string > EOS (`stop`) > budget (`length`).
+finish-reason ranking: stop string > EOS (`stop`) > budget (`length`). A stop
+string may end a request before `min_tokens` (the backend only keeps EOS out).
 """
 
 from __future__ import annotations

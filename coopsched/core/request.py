@@ -34,6 +34,12 @@ class RequestError(ValueError):
 class SamplingParams:
     temperature: float = 0.0
     seed: int | None = None
+    min_tokens: int = 0        # EOS is never sampled before this many output tokens (vLLM's extension)
+    ignore_eos: bool = False   # EOS is never sampled: the request runs to max_tokens (or a stop string)
+
+    def suppresses_eos(self, output_index: int) -> bool:
+        """Whether output token `output_index` (0-based) may not be EOS: the sampler picks another."""
+        return self.ignore_eos or output_index < self.min_tokens
 
 
 @dataclass(eq=False, slots=True)
@@ -63,6 +69,11 @@ class Request:
         if self.sampling.temperature < 0:
             raise RequestError(
                 f"request {self.id!r}: temperature={self.sampling.temperature} must be >= 0")
+        if self.sampling.min_tokens < 0:
+            raise RequestError(f"request {self.id!r}: min_tokens={self.sampling.min_tokens} must be >= 0")
+        if self.sampling.min_tokens > self.max_tokens:
+            raise RequestError(f"request {self.id!r}: min_tokens={self.sampling.min_tokens} is more than "
+                               f"max_tokens={self.max_tokens}")
 
     @property
     def num_remaining(self) -> int:

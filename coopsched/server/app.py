@@ -1,8 +1,9 @@
 """The FastAPI app: parse, submit, stream. Thin by design: the scheduler lives in the engine thread.
 
 `create_app(host)` serves one EngineHost: OpenAI completions and chat (SSE, one
-event per token), /v1/models, /health (with the mock's cost terms) and /metrics.
-A client that disconnects cancels its request.
+event per token; a chat stream opens with OpenAI's role chunk), /v1/models and
+/v1/models/{id}, /health (with the mock's cost terms) and /metrics. Every error
+body is OpenAI's. A client that disconnects cancels its request.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import asyncio
 import gc
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coopsched.core.request import RequestError
+from coopsched.core.request import RequestError, SamplingParams
 
 from . import openapi, protocol
 from .protocol import ApiError, CompletionParams, Envelope
@@ -44,9 +45,12 @@ def create_app(host: EngineHost) -> FastAPI:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = ApiError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(error.body(), status_code=exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:  # OpenAI's words for a route that does not exist
+            error = ApiError(404, f"Invalid URL ({request.method} {request.url.path})", code="not_found")
+        else:
+            error = ApiError(exc.status_code, str(exc.detail))
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
     context, names = host.config.slot_tokens, [host.model.name, *host.model.aliases]
     completion_schema = openapi.completion_request(host.model.vocab_size, context, names)
@@ -61,9 +65,14 @@ def create_app(host: EngineHost) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        model = host.model
-        return {"object": "list", "data": [{"id": model.name, "object": "model", "created": 0,
-                                            "owned_by": "coopsched"}]}
+        return {"object": "list", "data": [_model_card(host)]}
+
+    # `:path` so that ids with a slash (an alias that is a directory) reach the handler, as vLLM allows
+    @app.get("/v1/models/{model_id:path}", responses=openapi.model_responses())
+    async def model(model_id: str = Path(examples=names)):  # examples: a fuzzer also tries the served ids
+        if not host.model.answers_to(model_id):
+            raise _unknown_model(host, model_id)
+        return _model_card(host)
 
     @app.get("/health")
     async def health():
@@ -84,6 +93,18 @@ def create_app(host: EngineHost) -> FastAPI:
     return app
 
 
+def _model_card(host: EngineHost) -> dict:
+    """OpenAI's model object, plus vLLM's `max_model_len` (load tools size requests by it)."""
+    return {"id": host.model.name, "object": "model", "created": 0, "owned_by": "coopsched",
+            "max_model_len": host.config.slot_tokens}
+
+
+def _unknown_model(host: EngineHost, name: str) -> ApiError:
+    # OpenAI answers an unknown model with 404, type invalid_request_error, code model_not_found
+    return ApiError(404, f"the model {name!r} does not exist; this server serves {host.model.name!r}",
+                    param="model", code="model_not_found")
+
+
 async def _read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -102,14 +123,13 @@ async def _complete(host: EngineHost, request: Request, *, is_chat: bool):
     params = protocol.parse_request(body, is_chat=is_chat, encode=model.encode, encode_chat=model.encode_chat,
                                     vocab_size=model.vocab_size, context_tokens=host.config.slot_tokens)
     if params.model is not None and not model.answers_to(params.model):
-        raise ApiError(404, f"the model {params.model!r} does not exist; this server serves {model.name!r}",
-                       param="model", code="model_not_found")
+        raise _unknown_model(host, params.model)
     if not host.is_healthy:
         raise ApiError(503, f"the engine has stopped: {host.failure!r}", code="engine_failed")
     seq_id = host.new_id("chatcmpl" if is_chat else "cmpl")
     try:
-        live = host.submit(seq_id, params.prompt_token_ids, params.max_tokens, params.temperature,
-                           params.seed, params.stop, params.speculative)
+        live = host.submit(seq_id, params.prompt_token_ids, params.max_tokens, params.stop, params.speculative,
+                           SamplingParams(params.temperature, params.seed, params.min_tokens, params.ignore_eos))
     except QueueFull as exc:
         raise ApiError(429, str(exc), code="queue_full") from exc
     except RequestError as exc:
@@ -142,7 +162,7 @@ async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelo
     text = TextStream(host.model.detokenize, params.stop)
     with_ids = params.return_token_ids
     usage_field = {"usage": None} if params.include_usage else {}
-    num_tokens, is_first, is_done = 0, True, False
+    num_tokens, needs_role, is_done = 0, envelope.is_chat, False
     try:
         while not is_done:
             delivery: Delivery = await live.queue.get()
@@ -154,17 +174,19 @@ async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelo
             deltas = text.push(delivery.token_ids)
             tail = text.finish(reason) if reason is not None else ""
             events = []
+            if needs_role:  # OpenAI's first chat chunk: the role and empty content, with the first token
+                events.append(protocol.sse(envelope.chunk(envelope.role_choice(with_ids), **usage_field)))
+                needs_role = False
             for i, (token, delta) in enumerate(zip(delivery.token_ids, deltas)):
                 is_last = reason is not None and i == len(deltas) - 1
                 choice = envelope.token_choice(delta + (tail if is_last else ""), [token] if with_ids else None,
-                                               reason if is_last else None, is_first)
+                                               reason if is_last else None)
                 extra = _extension(delivery) if is_last else {}
                 events.append(protocol.sse(envelope.chunk(choice, **usage_field, **extra)))
-                is_first = False
             num_tokens += len(delivery.token_ids)
             if reason is not None:
                 if not delivery.token_ids:  # EOS or cancel: a final event of its own
-                    choice = envelope.token_choice(tail, [] if with_ids else None, reason, is_first)
+                    choice = envelope.token_choice(tail, [] if with_ids else None, reason)
                     events.append(protocol.sse(envelope.chunk(choice, **usage_field, **_extension(delivery))))
                 if params.include_usage:
                     events.append(protocol.sse(envelope.chunk(

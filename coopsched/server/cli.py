@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mock: a cost profile (coopsched calibrate); wins over the three knobs above")
     parser.add_argument("--accept-prob", type=float, default=0.7,
                         help="mock: the drafter's per-token acceptance probability (default 0.7)")
+    parser.add_argument("--eos-rate", type=float, default=0.0,
+                        help="mock: share of positions where the target samples EOS (default 0: outputs run "
+                             "to max_tokens; > 0 gives min_tokens and ignore_eos something to do)")
     parser.add_argument("--max-context", type=int, default=4096,
                         help="tokens a KV slot holds: prompt + max_tokens must fit (default 4096)")
     parser.add_argument("--max-queue", type=int, default=256,
@@ -69,7 +72,7 @@ def build_host(args: argparse.Namespace):
         from mocks import CostModel
         cost = CostModel.load(args.cost) if args.cost else CostModel.simple(
             args.decode_ms, args.round_ms, args.prefill_ms_per_token, config.block_size)
-        model = mock_model(clock, cost, config.block_size, args.accept_prob)
+        model = mock_model(clock, cost, config.block_size, args.accept_prob, eos_rate=args.eos_rate)
     return EngineHost(model, config, clock, max_queue=args.max_queue)
 
 

@@ -33,10 +33,12 @@ def plain_chat_template(messages: list[dict]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
 
-def mock_model(clock, cost, block_size: int, accept_prob: float = 0.7, seed: int = 0) -> ServedModel:
-    from mocks import MockBackend, MockDrafter
+def mock_model(clock, cost, block_size: int, accept_prob: float = 0.7, seed: int = 0,
+               eos_rate: float = 0.0) -> ServedModel:
+    from mocks import MockBackend, MockDrafter, MockTarget
 
-    backend = MockBackend(clock, cost, drafter=MockDrafter(accept_prob, seed=seed))
+    backend = MockBackend(clock, cost, target=MockTarget(eos_rate=eos_rate),
+                          drafter=MockDrafter(accept_prob, seed=seed))
     tokenizer = backend.tokenizer
     costs = {
         "decode_ms": cost.decode(1),

@@ -7,11 +7,12 @@ every refusal carries, so a schema-driven fuzzer (schemathesis) can check both.
 
 from __future__ import annotations
 
+ERROR_TYPES = ("invalid_request_error", "requests", "server_error")  # OpenAI's, by status: 4xx, 429, 5xx
 ERROR = {
     "type": "object", "required": ["error"], "additionalProperties": False,
     "properties": {"error": {
         "type": "object", "required": ["message", "type", "param", "code"], "additionalProperties": False,
-        "properties": {"message": {"type": "string", "minLength": 1}, "type": {"type": "string", "minLength": 1},
+        "properties": {"message": {"type": "string", "minLength": 1}, "type": {"enum": list(ERROR_TYPES)},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
 }
 SSE_EVENT = {"type": "object", "required": ["data"],  # one token chunk, an error object, or [DONE]
@@ -33,6 +34,10 @@ def _common(max_tokens_name: str, context_tokens: int, model_names: list[str]) -
         "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
         "speculative": {"type": "boolean", "description": "extension: false opts out of speculation"},
         "return_token_ids": {"type": "boolean", "description": "extension: token ids in each choice"},
+        "min_tokens": {"type": "integer", "minimum": 0,
+                       "description": "vLLM's extension: EOS is not sampled before this many tokens "
+                                      "(at most max_tokens)"},
+        "ignore_eos": {"type": "boolean", "description": "vLLM's extension: EOS is never sampled"},
     }
 
 
@@ -53,6 +58,17 @@ def chat_request(context_tokens: int, model_names: list[str]) -> dict:
                   **_common("max_tokens", context_tokens, model_names),
                   "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": context_tokens}}
     return {"type": "object", "required": ["messages"], "properties": properties}
+
+
+MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"],
+         "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+                        "owned_by": {"type": "string"}, "max_model_len": {"type": "integer"}}}
+
+
+def model_responses() -> dict:
+    """`responses` of GET /v1/models/{id}: the model object, or OpenAI's error for an unknown id."""
+    return {200: {"description": "the model", "content": {"application/json": {"schema": MODEL}}},
+            404: {"description": "unknown model", "content": {"application/json": {"schema": ERROR}}}}
 
 
 def operation(body_schema: dict) -> dict:

@@ -1,8 +1,9 @@
 """The OpenAI wire format: request validation into `CompletionParams`, errors, response bodies.
 
 Validation is by hand so every refusal names its field (`param`) and a stable
-`code`; the HTTP status comes with the ApiError. Unknown fields are ignored,
-as most OpenAI-compatible servers do.
+`code`; the HTTP status comes with the ApiError, and the error `type` is the one
+OpenAI sends for that status. Unknown fields are ignored, as most OpenAI-compatible
+servers do; vLLM's `min_tokens` and `ignore_eos` are honoured.
 """
 
 from __future__ import annotations
@@ -17,19 +18,24 @@ DEFAULT_CHAT_MAX_TOKENS = 256   # chat has no default in OpenAI's API; the mock 
 MAX_STOP_STRINGS = 4
 
 
+def openai_error_type(status: int) -> str:
+    """OpenAI's error type for a status: rate limits are typed by what ran out (here: requests),
+    every other client error (unknown model or route included) is an invalid request."""
+    if status == 429:
+        return "requests"
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
 class ApiError(Exception):
     """A refusal with its OpenAI-shaped body; `param` and `code` are null where nothing applies."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
-        self.type = type or {404: "not_found_error", 413: "invalid_request_error",
-                             429: "rate_limit_error"}.get(status, "invalid_request_error"
-                                                          if status < 500 else "server_error")
+        self.type = openai_error_type(status)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -50,6 +56,8 @@ class CompletionParams:
     speculative: bool = True
     return_token_ids: bool = False
     model: str | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
     extra: dict = field(default_factory=dict)
 
 
@@ -193,12 +201,27 @@ def parse_request(body: dict, *, is_chat: bool, encode: Callable[[str], list[int
         raise ApiError(400, f"the prompt has {len(prompt)} tokens and '{name}' asks for {max_tokens}; "
                             f"this model's context is {context_tokens} tokens",
                        param=name, code="context_length_exceeded")
+    min_tokens = _parse_min_tokens(body, name, max_tokens, max_tokens_given)
     return CompletionParams(
         is_chat=is_chat, prompt_token_ids=prompt, max_tokens=max_tokens, max_tokens_given=max_tokens_given,
         temperature=float(temperature), stop=_parse_stop(body),
         seed=_opt(body, "seed", int, "an integer"), stream=stream, include_usage=include_usage,
         speculative=_opt(body, "speculative", bool, "a boolean", True),
-        return_token_ids=_opt(body, "return_token_ids", bool, "a boolean", False), model=model)
+        return_token_ids=_opt(body, "return_token_ids", bool, "a boolean", False), model=model,
+        min_tokens=min_tokens, ignore_eos=_opt(body, "ignore_eos", bool, "a boolean", False))
+
+
+def _parse_min_tokens(body: dict, max_name: str, max_tokens: int, max_tokens_given: bool) -> int:
+    """vLLM's extension: EOS may not end the output before this many tokens (0: no minimum)."""
+    min_tokens = _opt(body, "min_tokens", int, "an integer", 0)
+    if min_tokens < 0:
+        raise ApiError(400, f"'min_tokens' is {min_tokens}; it must be >= 0", param="min_tokens",
+                       code="invalid_value")
+    if min_tokens > max_tokens:
+        given = "" if max_tokens_given else " (the default here; send it to raise it)"
+        raise ApiError(400, f"'min_tokens' is {min_tokens} but '{max_name}' is {max_tokens}{given}; "
+                            f"min_tokens must be <= {max_name}", param="min_tokens", code="invalid_value")
+    return min_tokens
 
 
 # -- response bodies -------------------------------------------------------------
@@ -220,11 +243,15 @@ class Envelope:
         out.update(extra)
         return out
 
-    def token_choice(self, text: str, token_ids: Sequence[int] | None, finish_reason: str | None,
-                     first: bool = False) -> dict:
+    def role_choice(self, with_token_ids: bool) -> dict:
+        """A chat stream's first chunk, as OpenAI sends it: the role, empty content, no token."""
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                  "finish_reason": None}
+        return {**choice, "token_ids": []} if with_token_ids else choice
+
+    def token_choice(self, text: str, token_ids: Sequence[int] | None, finish_reason: str | None) -> dict:
         if self.is_chat:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         if token_ids is not None:

@@ -98,10 +98,10 @@ class EngineHost:
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
 
-    def submit(self, seq_id: str, prompt: list[int], max_tokens: int, temperature: float,
-               seed: int | None, stop: tuple[str, ...], speculative: bool) -> Live:
+    def submit(self, seq_id: str, prompt: list[int], max_tokens: int, stop: tuple[str, ...],
+               speculative: bool, sampling: SamplingParams) -> Live:
         request = Request(id=seq_id, prompt_token_ids=tuple(prompt), max_tokens=max_tokens,
-                          sampling=SamplingParams(temperature, seed), stop=stop, speculative=speculative)
+                          sampling=sampling, stop=stop, speculative=speculative)
         live = Live(request, asyncio.get_running_loop(), asyncio.Queue(), self.clock.now())
         with self._lock:
             if self._num_waiting >= self.max_queue:

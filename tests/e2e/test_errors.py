@@ -1,4 +1,5 @@
-"""Malformed requests -> exact status codes and OpenAI-shaped errors, while another stream runs intact."""
+"""Malformed requests -> exact status codes and OpenAI-shaped errors with OpenAI's error types,
+while another stream runs intact."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ pytestmark = pytest.mark.e2e
 
 CONTEXT = 4096
 LONG_PROMPT = "x" * (CONTEXT + 10)
+# what OpenAI's API sends as `type` for each status (a rate limit is typed by what ran out)
+OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+                413: "invalid_request_error", 429: "requests"}
 
 # (id, path, raw body or JSON, status, param, code)
 CASES = [
@@ -63,6 +67,19 @@ CASES = [
      {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
     ("chat-unknown-model", "/v1/chat/completions",
      {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "model", "model_not_found"),
+    ("min-tokens-over-max-tokens", "/v1/completions", {"prompt": "a", "max_tokens": 4, "min_tokens": 5}, 400,
+     "min_tokens", "invalid_value"),
+    ("min-tokens-over-default-max-tokens", "/v1/completions", {"prompt": "a", "min_tokens": 17}, 400,
+     "min_tokens", "invalid_value"),
+    ("min-tokens-negative", "/v1/completions", {"prompt": "a", "min_tokens": -1}, 400, "min_tokens",
+     "invalid_value"),
+    ("min-tokens-a-string", "/v1/completions", {"prompt": "a", "min_tokens": "2"}, 400, "min_tokens",
+     "invalid_type"),
+    ("ignore-eos-a-number", "/v1/completions", {"prompt": "a", "ignore_eos": 1}, 400, "ignore_eos",
+     "invalid_type"),
+    ("chat-min-tokens-over-max-completion-tokens", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3, "min_tokens": 4}, 400,
+     "min_tokens", "invalid_value"),
     ("oversized-body", "/v1/completions", b'{"prompt": "' + b"z" * (2 << 20) + b'"}', 413, None,
      "request_too_large"),
     ("unknown-route", "/v1/embeddings", {"input": "a"}, 404, None, "not_found"),
@@ -81,7 +98,7 @@ def assert_error_shape(response: httpx.Response, status: int, param, code) -> No
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and error["type"]
+    assert error["type"] == OPENAI_TYPES[status]
     assert (error["param"], error["code"]) == (param, code)
 
 
@@ -139,6 +156,21 @@ def test_malformed_requests_leave_a_concurrent_stream_intact(slow_server):
 def test_each_malformed_request(server, case):
     _, path, payload, status, param, code = case
     assert_error_shape(post(server.url, path, payload), status, param, code)
+
+
+def test_min_tokens_over_max_tokens_names_both_values(server):
+    response = post(server.url, "/v1/completions", {"prompt": "a", "max_tokens": 7, "min_tokens": 11})
+    assert "'min_tokens' is 11 but 'max_tokens' is 7" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("method, path, status, param, code", [
+    pytest.param("GET", "/v1/models/gpt-4", 404, "model", "model_not_found", id="unknown-model-id"),
+    pytest.param("GET", "/v1/models/org/some-model", 404, "model", "model_not_found", id="model-id-with-slash"),
+    pytest.param("GET", "/v1/nothing", 404, None, "not_found", id="unknown-route"),
+    pytest.param("GET", "/v1/completions", 405, None, None, id="wrong-method"),
+])
+def test_get_errors(server, method, path, status, param, code):
+    assert_error_shape(httpx.request(method, server.url + path, timeout=30), status, param, code)
 
 
 def test_queue_full_is_429():

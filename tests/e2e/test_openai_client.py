@@ -1,21 +1,49 @@
-"""The official `openai` client streams and non-streams completions and chat from `coopsched serve`."""
+"""The official `openai` client, sync and async, against `coopsched serve`: models, completions and
+chat (streamed, plain, the `chat.completions.stream()` helper), vLLM's min_tokens / ignore_eos
+through `extra_body`, and OpenAI's error types."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+
+from e2e_servers import serve
 
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.e2e
 
+CHAT = [{"role": "user", "content": "hello"}]
+
+
+def make_client(url: str):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    return make_client(server.url)
+
+
+@pytest.fixture(scope="module")
+def eos_client():
+    """A mock whose target samples EOS at 30% of positions: plain requests end early."""
+    with serve("--decode-ms", "1", "--round-ms", "4", "--eos-rate", "0.3") as served:
+        yield make_client(served.url)
 
 
 def test_models_list(client):
     assert [m.id for m in client.models.list()] == ["coopsched-mock"]
+
+
+def test_models_retrieve(client):
+    model = client.models.retrieve("coopsched-mock")
+    assert (model.id, model.object, model.owned_by) == ("coopsched-mock", "model", "coopsched")
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4")
+    assert info.value.status_code == 404
+    assert (info.value.body["type"], info.value.body["code"]) == ("invalid_request_error", "model_not_found")
 
 
 @pytest.mark.parametrize("speculative", [True, False], ids=["speculative", "classic"])
@@ -56,11 +84,88 @@ def test_chat_stream_with_usage(client):
         model="coopsched-mock", messages=[{"role": "system", "content": "be brief"},
                                           {"role": "user", "content": "hello"}],
         max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True}))
-    token_chunks = [c for c in chunks if c.choices]
-    assert len(token_chunks) == 10
-    assert token_chunks[0].choices[0].delta.role == "assistant"
+    role, *token_chunks = [c for c in chunks if c.choices]
+    assert (role.choices[0].delta.role, role.choices[0].delta.content) == ("assistant", "")  # as OpenAI
+    assert len(token_chunks) == 10 and all(c.choices[0].delta.role is None for c in token_chunks)
+    assert all(len(c.choices[0].delta.content) == 1 for c in token_chunks)
     assert token_chunks[-1].choices[0].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_chat_stream_helper_cuts_at_a_stop_string(client):
+    """`client.chat.completions.stream()` accumulates our chunks into the same reply as a plain call."""
+    kwargs = dict(model="coopsched-mock", messages=CHAT, max_tokens=30, temperature=0)
+    base = client.chat.completions.create(**kwargs).choices[0].message.content
+    stop = base[12:14]
+    with client.chat.completions.stream(stop=[stop], **kwargs) as stream:
+        deltas = [event.delta for event in stream if event.type == "content.delta"]
+        final = stream.get_final_completion()
+    cut = base[:base.index(stop)]
+    assert "".join(deltas) == cut
+    assert final.choices[0].message.content == cut and final.choices[0].message.role == "assistant"
+    assert final.choices[0].finish_reason == "stop"
+
+
+def test_async_client(server):
+    """AsyncOpenAI: models, then a chat and a completion streamed concurrently, speculative and classic."""
+    async def main():
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                                      timeout=30) as client:
+            assert [m.id async for m in client.models.list()] == ["coopsched-mock"]
+            assert (await client.models.retrieve("coopsched-mock")).id == "coopsched-mock"
+
+            async def chat(speculative: bool) -> str:
+                stream = await client.chat.completions.create(
+                    model="coopsched-mock", messages=CHAT, max_tokens=20, temperature=0, stream=True,
+                    extra_body={"speculative": speculative})
+                return "".join([c.choices[0].delta.content or "" async for c in stream])
+
+            async def complete(speculative: bool) -> str:
+                stream = await client.completions.create(
+                    model="coopsched-mock", prompt="async", max_tokens=20, temperature=0, stream=True,
+                    extra_body={"speculative": speculative})
+                return "".join([c.choices[0].text async for c in stream])
+
+            return await asyncio.gather(chat(True), chat(False), complete(True), complete(False))
+
+    chat_spec, chat_classic, text_spec, text_classic = asyncio.run(main())
+    assert chat_spec == chat_classic and len(chat_spec) == 20
+    assert text_spec == text_classic and len(text_spec) == 20
+
+
+def early_eos_prompts(client, num: int = 3) -> list[tuple[str, int]]:
+    """Prompts whose plain greedy reply ends on EOS within its first 8 tokens, with that length."""
+    out = []
+    for i in range(200):
+        reply = client.completions.create(model="coopsched-mock", prompt=f"eos probe {i}", max_tokens=40,
+                                          temperature=0)
+        if reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens < 8:
+            out.append((f"eos probe {i}", reply.usage.completion_tokens))
+        if len(out) == num:
+            return out
+    raise AssertionError("no prompt ends early at --eos-rate 0.3")
+
+
+def test_min_tokens_and_ignore_eos_in_extra_body(eos_client):
+    """EOS waits for min_tokens, never comes with ignore_eos; speculative and classic replies are equal."""
+    for prompt, plain_len in early_eos_prompts(eos_client):
+        for extra in ({"min_tokens": 24}, {"ignore_eos": True}, {"min_tokens": plain_len}):
+            spec, classic = [eos_client.completions.create(
+                model="coopsched-mock", prompt=prompt, max_tokens=40, temperature=0,
+                extra_body={"speculative": speculative, **extra}) for speculative in (True, False)]
+            assert spec.choices[0].text == classic.choices[0].text
+            n, reason = spec.usage.completion_tokens, spec.choices[0].finish_reason
+            if extra.get("ignore_eos"):
+                assert (n, reason) == (40, "length")
+            elif extra["min_tokens"] == plain_len:  # EOS may come at index plain_len: the plain reply
+                assert (n, reason) == (plain_len, "stop")
+            else:
+                assert n >= 24
+        chunks = list(eos_client.chat.completions.create(
+            model="coopsched-mock", messages=[{"role": "user", "content": prompt}], max_tokens=16, temperature=0,
+            stream=True, extra_body={"ignore_eos": True, "min_tokens": 16}))
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 16
+        assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_stop_string_is_cut(client):
@@ -86,4 +191,15 @@ def test_token_id_prompt_and_seeded_sampling(client):
 def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as info:
         client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
-    assert info.value.body["code"] == "model_not_found"
+    assert (info.value.body["type"], info.value.body["code"]) == ("invalid_request_error", "model_not_found")
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4", messages=CHAT, max_tokens=1)
+    assert info.value.body["type"] == "invalid_request_error"
+
+
+def test_min_tokens_over_max_tokens_is_a_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="coopsched-mock", prompt="x", max_tokens=4, extra_body={"min_tokens": 9})
+    body = info.value.body
+    assert (body["type"], body["param"], body["code"]) == ("invalid_request_error", "min_tokens", "invalid_value")
+    assert "9" in body["message"] and "4" in body["message"]
