@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from e2e_servers import clean_env, serve, wait_healthy
+from e2e_servers import clean_env, serve
+from harness.live.client import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -59,14 +60,9 @@ def test_mlx_lm_server_with_a_draft_model_fails_on_ttft(tmp_path, tiny_models):
     port = free_port()
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(target), "--draft-model", str(draft),
                "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error"))
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=60)
-        code, trace, output = run_target(f"http://127.0.0.1:{port}", tmp_path)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+    with serve(command=command, port=port, env=clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")) \
+            as served:
+        code, trace, output = run_target(served.url, tmp_path)
     checks = checks_of(trace)
     assert code != 0, output
     assert "solo" in trace and "bursts" not in trace  # no costs reported: judged against solo runs
@@ -82,14 +78,6 @@ def test_coopsched_serve_on_mlx_passes_against_solo_figures(tmp_path, tiny_model
         code, trace, output = run_target(served.url, tmp_path)
     assert code == 0, output
     assert "solo" in trace and checks_of(trace)["ttft_vs_solo"]["ok"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_trace_bursts_agree_with_metrics():
