@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from coopsched.cli import main as coopsched
 from e2e_servers import clean_env, serve
 from harness.live.client import free_port
 
@@ -24,6 +25,10 @@ LOCUSTFILE = Path(__file__).resolve().parents[2] / "scenarios" / "concurrency2.p
 FAKE_SERVER = Path(__file__).with_name("multitoken_server.py")
 HEADLESS = ["--headless", "-u", "2", "-r", "2", "--only-summary"]
 DEFAULT_REPORT = Path("reports/locust/concurrency2.json")  # relative to locust's working directory
+
+
+def judge(args: list[str]) -> int:
+    return coopsched(["judge", *args])
 
 
 def locust(*args: str, cwd: Path, env: dict) -> subprocess.Popen:
@@ -63,6 +68,12 @@ def test_bare_headless_run_stops_by_itself_and_passes_in_slice_mode(tmp_path):
     finished = [r for r in report["per_request"] if not r["cut_by_stop"]]
     assert {r["kind"] for r in finished} == {"classic", "spec"}
     assert all(len(r["token_times_ms"]) == (128 if r["kind"] == "classic" else 64) for r in finished)
+    verdict_path = tmp_path / "verdict.json"
+    code = judge([str(tmp_path / DEFAULT_REPORT), "--slo", f"itl_ms={report['gap_limit_ms']}", "--json",
+                  str(verdict_path)])
+    verdict = json.loads(verdict_path.read_text())
+    assert code in (0, 1) and verdict["format"] == "locust" and verdict["requests"] == len(finished)
+    assert set(verdict["groups"]) == {"classic", "spec"}  # attainment per kind
 
 
 def test_an_explicit_run_time_wins_over_the_default(tmp_path):

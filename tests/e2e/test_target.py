@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,18 @@ def test_trace_bursts_agree_with_metrics():
     assert delta("coopsched_spec_accepted_tokens_total") == sum(b["accepted_draft_tokens"] for b in bursts)
     assert delta("coopsched_spec_draft_tokens_total") == sum(b["drafted_tokens"] for b in bursts)
     assert delta("coopsched_spec_slices_total") == sum(b["slices"] for b in bursts)
+
+
+@pytest.mark.parametrize("stream_kind", ["token-ids", "text-and-usage"])
+def test_target_counts_the_tokens_of_multi_token_events(tmp_path, stream_kind):
+    """A server that sends 3 tokens per speculative event and reports no costs: every request has its
+    max_tokens tokens in the trace (not one per event), judged against its solo run."""
+    fake = Path(__file__).with_name("multitoken_server.py")
+    args = ["--tokens-per-event", "3"] + (["--text-only"] if stream_kind == "text-and-usage" else [])
+    with serve(command=[sys.executable, str(fake), *args]) as served:
+        code, trace, output = run_target(served.url, tmp_path)
+    by_id = {r["id"]: r for r in trace["requests"]}
+    assert (by_id["classic"]["num_tokens"], by_id["spec"]["num_tokens"]) == (128, 96), output
+    assert "solo" in trace and checks_of(trace)["completed"]["ok"]
+    spec_times = by_id["spec"]["token_times_ms"]
+    assert spec_times[0] == spec_times[1] == spec_times[2] < spec_times[3]  # one arrival of 3 tokens
