@@ -83,7 +83,8 @@ class RequestTiming:
 
 
 def miss_reason(slo: Slo, r: RequestTiming) -> str | None:
-    """Why r misses the SLO (None: it meets it). The first gap over the limit is named."""
+    """Why r misses the SLO (None: it meets it). The first gap over the limit is named by the
+    token it follows, counted from 1."""
     if r.error:
         return f"failed: {r.error}"
     if r.ttft_ms is None:
@@ -93,7 +94,7 @@ def miss_reason(slo: Slo, r: RequestTiming) -> str | None:
     if slo.itl_ms is not None:
         for i, gap in enumerate(r.gaps_ms):
             if gap > slo.itl_ms:
-                return f"gap {gap:.1f} > {slo.itl_ms:g} ms before token {i + 1}"
+                return f"gap {gap:.1f} > {slo.itl_ms:g} ms after token {i + 1} of {len(r.gaps_ms) + 1}"
     return None
 
 
@@ -122,6 +123,6 @@ def evaluate(slo: Slo, requests: Sequence[RequestTiming], *, num_worst: int = 5)
         "gap_ms": metrics.percentiles(values, GAP_QUANTILES),
         "arrival_gap_ms": metrics.percentiles([g for g in values if g > 0], GAP_QUANTILES),
         "gap_samples": len(values),
-        "worst_gaps": [{"request": rid, "gap_ms": g, "before_token": i} for g, rid, i in worst],
+        "worst_gaps": [{"request": rid, "gap_ms": g, "after_token": i} for g, rid, i in worst],
         "misses": misses,
     }

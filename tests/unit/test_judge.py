@@ -75,7 +75,7 @@ def test_evaluate_names_the_worst_gaps_and_counts_every_request():
                 RequestTiming("c", None, (), error="refused")]
     out = evaluate(SLO, requests)
     assert (out["requests"], out["met"], out["slo_attainment"], out["failed_requests"]) == (3, 1, 1 / 3, 1)
-    assert out["worst_gaps"][0] == {"request": "a", "gap_ms": 70.0, "before_token": 2}
+    assert out["worst_gaps"][0] == {"request": "a", "gap_ms": 70.0, "after_token": 2}
     assert out["gap_ms"]["max"] == 70.0 and out["gap_samples"] == 5 and out["arrival_gap_ms"]["p50"] == 20.0
     assert [m["request"] for m in out["misses"]] == ["a", "c"] and "gap 70.0 > 50" in out["misses"][0]["reason"]
 
@@ -143,7 +143,7 @@ def test_exit_0_iff_the_attainment_is_reached(tmp_path, capsys):
                       "--json", str(out)]) == 0
     verdict = json.loads(out.read_text())
     assert (verdict["requests"], verdict["slo_attainment"], verdict["format"]) == (5, 0.4, "aiperf")
-    assert verdict["worst_gaps"][0] == {"request": "req-stall", "gap_ms": 450.0, "before_token": 2}
+    assert verdict["worst_gaps"][0] == {"request": "req-stall", "gap_ms": 450.0, "after_token": 2}
     assert set(verdict["gap_ms"]) == {"p50", "p90", "p99", "max"}
     assert coopsched(["judge", str(path), "--slo", "itl_ms=200,ttft_ms=500"]) == 1  # default target 0.9
     assert "attainment 0.400 (target 0.9) -> FAIL" in capsys.readouterr().out
