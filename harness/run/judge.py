@@ -26,14 +26,15 @@ GUIDELLM = ("guidellm's output keeps only the first and last token time of each 
 AIPERF_SUMMARY = ("aiperf's profile_export_aiperf.json holds aggregate statistics only; judge the per-request "
                   "profile_export.jsonl next to it")
 TIME_UNITS_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3, "sec": 1e3}
-EPILOG = f"""formats:
+EPILOG = """formats:
   aiperf   profile_export.jsonl: per record metrics.time_to_first_token and metrics.inter_chunk_latency
            (values with their unit: ns, us, ms or s); a chunk of n tokens (output_sequence_length says
            how many) is one arrival: n - 1 zero gaps; records with an error miss the SLO; warm-up skipped
   trace    coopsched run --json (also --target): requests[].token_times_ms and arrival_ms, per run
   locust   the concurrency2 locust report (--report-json): its per_request list; requests cut by
            the end of the run are left out
-  guidellm not accepted: {GUIDELLM}
+  guidellm not accepted: its per-request stats keep only the first and last token times (a mean
+           ITL), not every gap, so the per-token SLO cannot be judged from them
 A request meets the SLO iff TTFT <= ttft_ms and EVERY gap <= itl_ms (never a mean); failed
 requests miss it. Exit 0 iff the attainment >= --attainment, 1 if below, 2 on an unusable file or option."""
 
