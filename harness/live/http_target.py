@@ -49,8 +49,7 @@ class Streamed:
 
     @property
     def stall_ms(self) -> float:
-        times = self.token_times_ms
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return max(metrics.itl(self.token_times_ms), default=0.0)
 
     @property
     def is_speculative(self) -> bool:

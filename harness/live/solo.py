@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.live import client
+from harness.run import metrics
 
 SOLO_MULTIPLE = 3.0
 SOLO_SLACK_MS = 25.0
@@ -35,7 +36,7 @@ class SoloFigures:
 
 def figures(got: client.Collected) -> SoloFigures:
     times = got.token_times_ms(got.sent_ns)
-    stall = max((b - a for a, b in zip(times, times[1:])), default=0.0) if times else None
+    stall = max(metrics.itl(times), default=0.0) if times else None
     return SoloFigures(times[0] if times else None, stall, len(times), got.error)
 
 

@@ -13,8 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
+from harness.run import metrics
 from harness.run import slo as slo_module
 from harness.run.slo import RequestTiming, Slo, SloError
 
@@ -66,9 +65,9 @@ def _arg(parse: Callable):
 
 # -- readers ----------------------------------------------------------------------------
 def _timing(rid: str, arrival_ms: float, times_ms, error=None, group=None) -> RequestTiming:
-    times = np.asarray(times_ms or [], dtype=float)
-    return RequestTiming(rid, float(times[0] - arrival_ms) if times.size else None,
-                         tuple(np.diff(times).tolist()), str(error) if error else None, group)
+    times = list(times_ms or ())
+    return RequestTiming(rid, float(times[0] - arrival_ms) if times else None, tuple(metrics.itl(times)),
+                         str(error) if error else None, group)
 
 
 def read_trace(data) -> tuple[list[RequestTiming], int]:

@@ -93,9 +93,14 @@ def token_times(times: Sequence[float], counts: Sequence[int]) -> list[float]:
     return [t for t, n in zip(times, counts) for _ in range(n)]
 
 
+def itl(token_times_ms: Sequence[float]) -> list[float]:
+    """The ITL samples of per-token times: one per token after the first."""
+    return np.diff(np.asarray(token_times_ms, dtype=float)).tolist()
+
+
 def token_gaps(times: Sequence[float], counts: Sequence[int]) -> list[float]:
-    """The ITL samples: one per token after the first, 0 inside a multi-token arrival."""
-    return np.diff(np.asarray(token_times(times, counts), dtype=float)).tolist()
+    """The ITL samples of arrivals: one per token after the first, 0 inside a multi-token arrival."""
+    return itl(token_times(times, counts))
 
 
 def arrival_gaps(times: Sequence[float], counts: Sequence[int]) -> list[float]:
