@@ -18,6 +18,7 @@ COMMANDS = {
     "calibrate": ("coopsched.backends.calibrate", "measure MLX costs into a mock cost profile"),
     "report": ("harness.report.build", "HTML/PNG report and benchmark trends"),
     "simulate": ("harness.sim.simulate", "seeded deterministic simulation with faults"),
+    "judge": ("harness.run.judge", "per-token SLO attainment of timings recorded by aiperf, locust or a trace"),
 }
 
 

@@ -10,10 +10,11 @@ runs this against a mock server and watches the server's RSS.
 
 from __future__ import annotations
 
-import json
 import random
 
 from locust import HttpUser, between, task
+
+from harness.live import client
 
 TIMEOUT_S = 120
 
@@ -39,14 +40,15 @@ class SoakUser(HttpUser):
                 return
             events = 0
             for line in response.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
-                    response.success()
+                try:
+                    item = client.decode_line(line, 0)  # the shared SSE reader's event decoding
+                except client.StreamError as exc:
+                    response.failure(str(exc))
                     return
-                payload = json.loads(line[6:])
-                if "error" in payload:
-                    response.failure(f"error event: {payload['error']}")
+                if item is None:
+                    continue
+                if item is client.DONE:
+                    response.success()
                     return
                 events += 1
                 if abandon_after is not None and events >= abandon_after:

@@ -11,22 +11,20 @@ a stated multiple of those solo figures.
 
 from __future__ import annotations
 
-import http.client
-import json
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field, replace
 
 from mocks import CostModel
 
+from harness.live import client
+from harness.live.solo import RULE as SOLO_RULE
+from harness.live.solo import solo_limit
 from harness.run import metrics
 from harness.run.checks import REAL_TIME_ALLOWANCE, check
 from harness.run.scenario import RequestSpec, Scenario
 
 SLACK_MS = 10.0          # real-time slack on every cost-derived bound (HTTP, thread wake-ups)
-SOLO_MULTIPLE = 3.0      # together vs alone, when the server reports no costs
-SOLO_SLACK_MS = 25.0
 ORDER_TOLERANCE_MS = 5.0  # requests sent this close together may reach the server in either order
 TIMEOUT_S = 300.0
 
@@ -51,8 +49,7 @@ class Streamed:
 
     @property
     def stall_ms(self) -> float:
-        times = self.token_times_ms
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return max(metrics.itl(self.token_times_ms), default=0.0)
 
     @property
     def is_speculative(self) -> bool:
@@ -61,72 +58,29 @@ class Streamed:
 
 class Target:
     def __init__(self, url: str) -> None:
-        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"--target {url!r}: want http://HOST:PORT")
-        self.url, self.host, self.port = url, parts.hostname, parts.port or 80
-        self.prefix = parts.path.rstrip("/")
-
-    def _conn(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
+        try:
+            client.split_url(url)
+        except ValueError:
+            raise ValueError(f"--target {url!r}: want http://HOST:PORT") from None
+        self.url = url if "://" in url else f"http://{url}"
 
     def get_json(self, path: str) -> dict | None:
-        conn = self._conn()
-        try:
-            conn.request("GET", self.prefix + path)
-            response = conn.getresponse()
-            body = response.read()
-            return json.loads(body) if response.status == 200 else None
-        except (OSError, ValueError):
-            return None
-        finally:
-            conn.close()
+        return client.get_json(self.url, path, timeout_s=10)
 
     def stream(self, body: dict, out: Streamed, origin_ns: int) -> None:
-        """POST a streaming completion; every event with text or token ids is a token arrival."""
-        conn = self._conn()
-        out.sent_ms = (time.perf_counter_ns() - origin_ns) / 1e6
-        try:
-            conn.request("POST", self.prefix + "/v1/completions", json.dumps(body),
-                         {"Content-Type": "application/json", "Accept": "text/event-stream"})
-            response = conn.getresponse()
-            if response.status != 200:
-                out.error = f"HTTP {response.status}: {response.read()[:300]!r}"
-                return
-            while True:
-                line = response.readline()
-                now_ms = (time.perf_counter_ns() - origin_ns) / 1e6
-                if not line:
-                    out.error = out.error or "the stream ended without [DONE]"
-                    return
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    return
-                _take_event(json.loads(payload), now_ms, out)
-        except (OSError, ValueError) as exc:
-            out.error = repr(exc)
-        finally:
-            conn.close()
-
-
-def _take_event(event: dict, now_ms: float, out: Streamed) -> None:
-    if "error" in event:
-        out.error = json.dumps(event["error"])[:300]
-        return
-    out.server_id = out.server_id or event.get("id")
-    extension = event.get("coopsched")
-    if extension:
-        out.served_speculatively = extension.get("served_speculatively")
-        out.burst = extension.get("burst")
-    for choice in event.get("choices") or ():
-        ids, text = choice.get("token_ids"), choice.get("text") or ""
-        count = len(ids) if ids is not None else int(bool(text))
-        out.token_ids += ids or []
-        out.token_times_ms += [now_ms] * count
-        out.text += text
-        out.finish_reason = choice.get("finish_reason") or out.finish_reason
+        """POST a streaming completion (the shared reader); each token's time is its event's arrival."""
+        got = client.collect(self.url, body, timeout_s=TIMEOUT_S)
+        out.sent_ms = (got.sent_ns - origin_ns) / 1e6
+        out.error = got.error
+        out.token_ids = got.token_ids
+        out.token_times_ms = got.token_times_ms(origin_ns)
+        out.text = got.text
+        out.finish_reason = got.finish_reason
+        out.server_id = next((a.event.get("id") for a in got.arrivals if a.event.get("id")), None)
+        extension = next((a.event["coopsched"] for a in reversed(got.arrivals) if a.event.get("coopsched")), None)
+        if extension:
+            out.served_speculatively = extension.get("served_speculatively")
+            out.burst = extension.get("burst")
 
 
 def request_body(spec: RequestSpec, seed: int, model: str | None) -> dict:
@@ -281,21 +235,18 @@ def cost_checks(outs: list[Streamed], scenario: Scenario, cost: CostModel, healt
 
 
 def solo_checks(outs: list[Streamed], solo: dict[str, Streamed]) -> list[dict]:
-    """Together vs alone: TTFT and the largest gap within SOLO_MULTIPLE x solo + SOLO_SLACK_MS."""
-    limit = lambda ms: SOLO_MULTIPLE * ms + SOLO_SLACK_MS  # noqa: E731
+    """Together vs alone: TTFT and the largest gap within the solo rule (harness/live/solo.py)."""
     out = []
     for name, figure in (("ttft_vs_solo", lambda o: o.ttft_ms), ("stall_vs_solo", lambda o: o.stall_ms)):
-        rows = [(o.spec.id, figure(o), limit(figure(solo[o.spec.id]))) for o in outs
+        rows = [(o.spec.id, figure(o), solo_limit(figure(solo[o.spec.id]))) for o in outs
                 if figure(o) is not None and figure(solo[o.spec.id]) is not None]
         if not rows:
             out.append(check(name, None, None, None, note="no samples"))
             continue
         worst = max(rows, key=lambda r: r[1] - r[2])
         detail = "; ".join(f"{i}: {v:.1f} vs {b:.1f}" for i, v, b in rows)
-        what = "TTFT" if name == "ttft_vs_solo" else "largest gap"
         out.append(check(name, worst[1] <= worst[2], worst[1], worst[2],
-                         note=f"worst: {worst[0]}; {what} <= {SOLO_MULTIPLE:g} x solo + {SOLO_SLACK_MS:g} ms; "
-                              + detail))
+                         note=f"worst: {worst[0]}; {SOLO_RULE}; " + detail))
     greedy = [o for o in outs if o.spec.temperature == 0 and not o.error]
     mismatched = [o.spec.id for o in greedy if _tokens(o) != _tokens(solo[o.spec.id])]
     out.append(check("parity_vs_solo", not mismatched, len(mismatched), 0,
@@ -368,8 +319,7 @@ def to_trace(scenario, outs, solo, checks, seed, url, health, model) -> dict:
 def print_verdict(console, trace: dict) -> None:
     console.print(f"[bold]{trace['scenario']}[/] against {trace['target']} (mode {trace['mode']}, real time)")
     if "solo" in trace:
-        console.print(f"  the server reports no costs: each request ran alone first; rule: TTFT and largest gap "
-                      f"<= {SOLO_MULTIPLE:g} x solo + {SOLO_SLACK_MS:g} ms")
+        console.print(f"  the server reports no costs: each request ran alone first; rule: {SOLO_RULE}")
     for c in trace["checks"]:
         verdict = "skipped" if c.get("skipped") else ("[green]ok[/]" if c["ok"] else "[red]FAIL[/]")
         value = "-" if c["value"] is None else f"{c['value']:.1f}" if isinstance(c["value"], float) else c["value"]

@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import re
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
+
+from harness.live import client
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "soak.py"
 DEFAULT_REPORT = Path("reports/soak/latest.json")
@@ -40,34 +38,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def start_server(args) -> tuple[subprocess.Popen, str, list[str]]:
-    cmd = [sys.executable, "-m", "coopsched.cli", "serve", "--port", "0", "--decode-ms", args.decode_ms,
-           "--round-ms", args.round_ms, "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    first = proc.stderr.readline()
-    match = re.search(r"listening on (http://[\d.]+:\d+)", first)
-    if not match:
-        proc.kill()
-        raise SystemExit(f"the server did not start: {first}{proc.stderr.read()}")
-    log: list[str] = []
-    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-    return proc, match.group(1), log
-
-
-def get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode()
-
-
-def metrics(url: str) -> dict[str, float]:
-    out = {}
-    for line in get(f"{url}/metrics").splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
 def wait_until(predicate, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -81,7 +51,7 @@ def wait_until(predicate, timeout_s: float) -> bool:
 
 
 def is_idle(url: str) -> bool:
-    m = metrics(url)
+    m = client.scrape_metrics(url)
     return (m["coopsched_kv_slots_in_use"], m["coopsched_requests_running"],
             m["coopsched_requests_waiting"]) == (0, 0, 0)
 
@@ -94,11 +64,10 @@ def locust_stats(prefix: str) -> list[dict]:
 def run(args) -> dict:
     import psutil
 
-    server, url, log = start_server(args)
-    try:
-        if not wait_until(lambda: get(f"{url}/health") and True, 30):
-            raise SystemExit("the server never answered /health")
-        rss = psutil.Process(server.pid).memory_info
+    serve_args = ["--decode-ms", args.decode_ms, "--round-ms", args.round_ms, "--log-level", "warning"]
+    with client.spawn_server(serve_args) as server:
+        url = server.url
+        rss = psutil.Process(server.proc.pid).memory_info
         idle_rss = rss().rss
         with tempfile.TemporaryDirectory() as tmp:
             prefix = f"{tmp}/soak"
@@ -115,11 +84,8 @@ def run(args) -> dict:
             rows = locust_stats(prefix)
         is_quiet = wait_until(lambda: is_idle(url), 30)
         loaded = [s for s in samples if args.warmup <= s[0] <= args.duration] or samples
-        server.send_signal(signal.SIGTERM)
-        server_rc = server.wait(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
+        server_rc = server.stop(timeout_s=60)  # SIGTERM: a clean exit is part of the verdict
+        log = server.log
     baseline, final = loaded[0][1], loaded[-1][1]
     total = next(r for r in rows if r["Name"] == "Aggregated")
     return {

@@ -16,14 +16,14 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from harness.live import client
+from harness.run import metrics
 
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("MLXCEL_")},
        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
@@ -33,39 +33,32 @@ def pct(samples, q) -> float | None:
     return float(np.percentile(samples, q)) if len(samples) else None
 
 
-# -- a minimal streaming client ----------------------------------------------------------
-async def stream_one(host: str, port: int, body: dict, t0: float) -> dict:
+# -- a minimal streaming client: raw asyncio sockets, the shared event decoding ------------------
+async def stream_one(host: str, port: int, body: dict, t0_ns: int) -> dict:
     reader, writer = await asyncio.open_connection(host, port)
     payload = json.dumps(body).encode()
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
     await writer.drain()
-    sent = time.perf_counter() - t0
-    arrivals, completion_tokens = [], None
+    sent = (time.perf_counter_ns() - t0_ns) / 1e9
+    arrivals = []
     while True:
         line = await reader.readline()
-        if not line:
+        item = client.decode_line(line, time.perf_counter_ns()) if line else client.DONE
+        if item is client.DONE:
             break
-        if not line.startswith(b"data: "):
-            continue
-        now = time.perf_counter() - t0
-        data = line[6:].strip()
-        if data == b"[DONE]":
-            break
-        event = json.loads(data)
-        if event.get("usage"):
-            completion_tokens = event["usage"]["completion_tokens"]
-        for choice in event.get("choices") or ():
-            if choice.get("text") or choice.get("token_ids"):
-                arrivals.append(now)
+        if item is not None:
+            arrivals.append(item)
     writer.close()
-    return {"sent": sent, "arrivals": arrivals, "completion_tokens": completion_tokens or len(arrivals)}
+    counts = client.token_counts(arrivals)  # a multi-token event is one arrival of n tokens
+    times = metrics.token_times([(a.time_ns - t0_ns) / 1e9 for a in arrivals], counts)
+    return {"sent": sent, "arrivals": times, "completion_tokens": len(times)}
 
 
 async def stream_many(url: str, bodies: list[dict]) -> list[dict]:
-    host, port = re.match(r"http://([\d.]+):(\d+)", url).groups()
-    t0 = time.perf_counter()
-    return await asyncio.gather(*(stream_one(host, int(port), b, t0) for b in bodies))
+    host, port, _ = client.split_url(url)
+    t0_ns = time.perf_counter_ns()
+    return await asyncio.gather(*(stream_one(host, port, b, t0_ns) for b in bodies))
 
 
 def body(i: int, max_tokens: int, speculative: bool = True, model: str | None = None) -> dict:
@@ -88,58 +81,18 @@ def summarize(results: list[dict]) -> dict:
             "ttft_max_ms": 1e3 * max(ttfts), "tokens": tokens, "aggregate_tok_s": tokens / (end - start)}
 
 
-# -- servers --------------------------------------------------------------------------------
-class Server:
-    def __init__(self, command: list[str], url: str | None = None) -> None:
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=ENV)
-        if url is None:
-            match = re.search(r"listening on (http://[\d.]+:\d+)", self.proc.stderr.readline())
-            url = match.group(1)
-        self.url = url
-        deadline = time.monotonic() + 120
-        while not self._healthy():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"server {command} did not come up")
-            time.sleep(0.2)
-
-    def _healthy(self) -> bool:
-        try:
-            host, port = re.match(r"http://([\d.]+):(\d+)", self.url).groups()
-            with socket.create_connection((host, int(port)), timeout=1) as s:
-                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                return b" 200 " in s.recv(64)
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+# -- servers (the shared spawner: free loopback port, /health, SIGTERM) ------------------------------
+def coopsched_serve(*args: str):
+    return client.spawn_server(["--log-level", "warning", *args], env=ENV, timeout_s=120)
 
 
-def coopsched_serve(*args: str) -> Server:
-    return Server([sys.executable, "-m", "coopsched.cli", "serve", "--port", "0", "--log-level", "warning",
-                   *args])
-
-
-def mlx_lm_server(model: Path, draft: Path | None) -> Server:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port),
-               "--log-level", "WARNING"]
+def mlx_lm_server(model: Path, draft: Path | None):
+    port = client.free_port()
+    command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--host", client.LOOPBACK,
+               "--port", str(port), "--log-level", "WARNING"]
     if draft is not None:
         command += ["--draft-model", str(draft)]
-    return Server(command, f"http://127.0.0.1:{port}")
+    return client.spawn_server(command=command, port=port, env=ENV, timeout_s=120)
 
 
 # -- 1. overhead: in process vs over HTTP ------------------------------------------------------

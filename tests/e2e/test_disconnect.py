@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from e2e_servers import wait_for
+from harness.live.client import stream
 
 pytestmark = pytest.mark.e2e
 
@@ -21,14 +22,11 @@ def slots_and_running(server) -> tuple[float, float]:
 @pytest.mark.parametrize("speculative", [False, True], ids=["classic", "speculative"])
 def test_stream_disconnect_frees_the_slot(server, speculative):
     before = slots_and_running(server)
-    with httpx.stream("POST", f"{server.url}/v1/completions", json={**LONG, "stream": True,
-                                                                     "speculative": speculative}) as response:
-        lines = response.iter_lines()  # kept referenced: a dropped iterator closes the stream
-        events = 0
-        while events < 5:
-            events += next(lines).startswith("data: ")
-        assert slots_and_running(server)[0] == before[0] + 1  # held while streaming
-    # leaving the block closes the connection mid-stream
+    events = stream(server.url, {**LONG, "speculative": speculative})
+    for _ in range(5):
+        next(events)
+    assert slots_and_running(server)[0] == before[0] + 1  # held while streaming
+    events.close()  # closes the connection mid-stream
     assert wait_for(lambda: slots_and_running(server) == before, timeout_s=2.0), slots_and_running(server)
 
 

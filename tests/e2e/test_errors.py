@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from e2e_servers import serve, wait_for
+from harness.live.client import collect
 
 pytestmark = pytest.mark.e2e
 
@@ -103,20 +104,9 @@ def assert_error_shape(response: httpx.Response, status: int, param, code) -> No
 
 
 def stream_tokens(url: str, body: dict, out: dict) -> None:
-    ids, finish = [], []
-    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True, "return_token_ids": True},
-                      timeout=60) as response:
-        out["status"] = response.status_code
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                out["done"] = True
-                break
-            choice = json.loads(line[6:])["choices"][0]
-            ids += choice["token_ids"]
-            finish.append(choice["finish_reason"])
-    out["token_ids"], out["finish"] = ids, finish
+    got = collect(url, {**body, "return_token_ids": True}, timeout_s=60)
+    out.update(status=got.status, done=got.done and got.error is None, token_ids=got.token_ids,
+               finish=[a.finish_reason for a in got.arrivals])
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
 import threading
@@ -26,21 +25,13 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error, r
                                  status_code_conformance)
 
 from e2e_servers import serve, wait_for
+from harness.live.client import StreamError, stream
 
 pytestmark = pytest.mark.e2e
 
 FAULT_SERVER = Path(__file__).with_name("fault_server.py")
 FUZZ_EXAMPLES = 200  # per operation and generation mode: ~900 requests in all
 OPENAI_ERROR_KEYS = {"message", "type", "param", "code"}
-
-
-def events_of(lines) -> list:
-    """The SSE data payloads: parsed JSON objects, or the string "[DONE]"."""
-    out = []
-    for line in lines:
-        if line.startswith("data: "):
-            out.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
-    return out
 
 
 def is_openai_error(body) -> bool:
@@ -153,15 +144,22 @@ def test_a_hundred_clients_disconnecting_mid_stream_leak_no_slot(plant):
 
 
 # -- a backend error for one request ----------------------------------------------------------
-def _stream(url: str, body: dict, out: dict) -> None:
-    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True, "return_token_ids": True},
-                      timeout=60) as response:
-        out["status"] = response.status_code
-        out["events"] = events_of(response.iter_lines())
+def _read(url: str, body: dict, out: dict, started: threading.Event | None = None) -> None:
+    """The shared SSE reader (harness/live/client.py); `started` is set after 3 events."""
+    arrivals = out["arrivals"] = []
+    out.update(status=200, error=None, done=False)
+    try:
+        for arrival in stream(url, {**body, "return_token_ids": True}, timeout_s=60):
+            arrivals.append(arrival)
+            if started is not None and len(arrivals) >= 3:
+                started.set()
+        out["done"] = True
+    except StreamError as exc:
+        out.update(status=exc.status, error=exc.error, done=exc.done)
 
 
-def _tokens(events: list) -> list[int]:
-    return [t for e in events if isinstance(e, dict) and "choices" in e for t in e["choices"][0]["token_ids"]]
+def _tokens(out: dict) -> list[int]:
+    return [t for a in out["arrivals"] for t in a.token_ids or ()]
 
 
 @pytest.mark.parametrize("plant", [None, "no-containment"], ids=["handled", "planted-no-containment"])
@@ -173,34 +171,33 @@ def test_a_backend_error_ends_only_that_stream_with_an_error_event(plant):
                   "poisoned-spec": {"prompt": "POISON spec", "speculative": True},
                   **{f"healthy-{i}": {"prompt": f"healthy {i}", "speculative": i % 2 == 0} for i in range(4)}}
         outs = {name: {} for name in bodies}
-        threads = [threading.Thread(target=_stream, args=(served.url, {**base, **body}, outs[name]))
+        threads = [threading.Thread(target=_read, args=(served.url, {**base, **body}, outs[name]))
                    for name, body in bodies.items()]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=60)
         if plant:  # the first failure kills the engine: no stream finishes (error event or 503), health 503
-            finished = [name for name, out in outs.items() if any(
-                isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"] == "length"
-                for e in out["events"])]
+            finished = [name for name, out in outs.items()
+                        if any(a.finish_reason == "length" for a in out["arrivals"])]
             assert not finished
             assert httpx.get(f"{served.url}/health", timeout=10).status_code == 503
             return
         for name, out in outs.items():
-            events = out["events"]
-            assert out["status"] == 200 and events[-1] == "[DONE]", (name, events[-3:])
-            tokens = _tokens(events)
+            assert out["status"] == 200 and out["done"], (name, out)  # [DONE] ends every stream
+            tokens = _tokens(out)
             if name.startswith("poisoned"):
-                error = events[-2]
+                error = {"error": out["error"]}
                 assert is_openai_error(error) and error["error"]["code"] == "model_error", error
                 assert "injected" in error["error"]["message"]
                 assert 0 < len(tokens) < 40  # it streamed, then failed mid-stream
-                assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
+                assert all(a.finish_reason is None for a in out["arrivals"])
             else:
                 solo = httpx.post(f"{served.url}/v1/completions", timeout=30,
                                   json={**base, **bodies[name], "return_token_ids": True}).json()
+                assert out["error"] is None, (name, out["error"])
                 assert tokens == solo["choices"][0]["token_ids"] and len(tokens) == 40, name
-                assert events[-2]["choices"][0]["finish_reason"] == "length"
+                assert out["arrivals"][-1].finish_reason == "length"
         assert wait_for(lambda: idle(served)), served.metrics()
         assert httpx.get(f"{served.url}/health", timeout=10).status_code == 200
 
@@ -212,19 +209,9 @@ def test_sigterm_ends_open_streams_with_an_error_event_and_exits_0(plant):
     with fault_server("--decode-ms", "4", "--round-ms", "16", plant=plant) as served:
         outs = [{} for _ in range(6)]
         started = [threading.Event() for _ in outs]
-
-        def stream(i: int) -> None:
-            body = {"prompt": f"long {i}", "max_tokens": 400, "stream": True, "speculative": i % 2 == 0,
-                    "return_token_ids": True}
-            with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60) as response:
-                lines = []
-                for line in response.iter_lines():
-                    lines.append(line)
-                    if sum(x.startswith("data: ") for x in lines) >= 3:
-                        started[i].set()
-                outs[i]["events"] = events_of(lines)
-
-        threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(outs))]
+        threads = [threading.Thread(target=_read, args=(served.url, {
+            "prompt": f"long {i}", "max_tokens": 400, "speculative": i % 2 == 0}, outs[i], started[i]))
+            for i in range(len(outs))]
         for thread in threads:
             thread.start()
         assert all(event.wait(timeout=30) for event in started)
@@ -232,12 +219,10 @@ def test_sigterm_ends_open_streams_with_an_error_event_and_exits_0(plant):
         for thread in threads:
             thread.join(timeout=60)
         assert served.proc.wait(timeout=60) == 0
-        ended_in_error = [is_openai_error(out["events"][-2]) for out in outs]
         if plant:  # uvicorn alone lets every stream run to its end: no error event
-            assert not any(ended_in_error)
-            assert all(out["events"][-2]["choices"][0]["finish_reason"] == "length" for out in outs)
+            assert not any(out["error"] for out in outs)
+            assert all(out["done"] and out["arrivals"][-1].finish_reason == "length" for out in outs)
             return
         for out in outs:
-            events = out["events"]
-            assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "server_shutting_down"
-            assert 3 <= len(_tokens(events)) < 400 and all("choices" in e for e in events[:-2])
+            assert out["done"] and out["error"]["code"] == "server_shutting_down", out["error"]
+            assert 3 <= len(_tokens(out)) < 400

@@ -57,8 +57,7 @@ def test_metrics_agree_with_the_virtual_time_trace():
             thread.join(timeout=60)
         responses = [out[0] for out in outs]
         after = served.metrics()
-        served.proc.terminate()
-        served.proc.wait(timeout=15)
+        served.stop()  # the log is complete once the server has exited
         log = [json.loads(line) for line in served.log if line.startswith('{"event": "BurstFinalized"')]
 
     scheduler, requests = reference(responses)

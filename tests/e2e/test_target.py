@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from e2e_servers import clean_env, serve, wait_healthy
+from e2e_servers import clean_env, serve
+from harness.live.client import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -59,14 +61,9 @@ def test_mlx_lm_server_with_a_draft_model_fails_on_ttft(tmp_path, tiny_models):
     port = free_port()
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(target), "--draft-model", str(draft),
                "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error"))
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}", timeout_s=60)
-        code, trace, output = run_target(f"http://127.0.0.1:{port}", tmp_path)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+    with serve(command=command, port=port, env=clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")) \
+            as served:
+        code, trace, output = run_target(served.url, tmp_path)
     checks = checks_of(trace)
     assert code != 0, output
     assert "solo" in trace and "bursts" not in trace  # no costs reported: judged against solo runs
@@ -82,14 +79,6 @@ def test_coopsched_serve_on_mlx_passes_against_solo_figures(tmp_path, tiny_model
         code, trace, output = run_target(served.url, tmp_path)
     assert code == 0, output
     assert "solo" in trace and checks_of(trace)["ttft_vs_solo"]["ok"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_trace_bursts_agree_with_metrics():
@@ -111,3 +100,18 @@ def test_trace_bursts_agree_with_metrics():
     assert delta("coopsched_spec_accepted_tokens_total") == sum(b["accepted_draft_tokens"] for b in bursts)
     assert delta("coopsched_spec_draft_tokens_total") == sum(b["drafted_tokens"] for b in bursts)
     assert delta("coopsched_spec_slices_total") == sum(b["slices"] for b in bursts)
+
+
+@pytest.mark.parametrize("stream_kind", ["token-ids", "text-and-usage"])
+def test_target_counts_the_tokens_of_multi_token_events(tmp_path, stream_kind):
+    """A server that sends 3 tokens per speculative event and reports no costs: every request has its
+    max_tokens tokens in the trace (not one per event), judged against its solo run."""
+    fake = Path(__file__).with_name("multitoken_server.py")
+    args = ["--tokens-per-event", "3"] + (["--text-only"] if stream_kind == "text-and-usage" else [])
+    with serve(command=[sys.executable, str(fake), *args]) as served:
+        code, trace, output = run_target(served.url, tmp_path)
+    by_id = {r["id"]: r for r in trace["requests"]}
+    assert (by_id["classic"]["num_tokens"], by_id["spec"]["num_tokens"]) == (128, 96), output
+    assert "solo" in trace and checks_of(trace)["completed"]["ok"]
+    spec_times = by_id["spec"]["token_times_ms"]
+    assert spec_times[0] == spec_times[1] == spec_times[2] < spec_times[3]  # one arrival of 3 tokens

@@ -1,0 +1,45 @@
+"""Judging a server that reports no costs: each request (or kind) runs alone first, then together.
+
+Together, a request's TTFT and its largest gap must stay within SOLO_MULTIPLE x its solo
+figure + SOLO_SLACK_MS. `coopsched run --target` and the locust file
+(scenarios/concurrency2.py) share this rule and these figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.live import client
+from harness.run import metrics
+
+SOLO_MULTIPLE = 3.0
+SOLO_SLACK_MS = 25.0
+RULE = f"TTFT and largest gap <= {SOLO_MULTIPLE:g} x solo + {SOLO_SLACK_MS:g} ms"
+
+
+def solo_limit(ms: float) -> float:
+    return SOLO_MULTIPLE * ms + SOLO_SLACK_MS
+
+
+@dataclass(frozen=True)
+class SoloFigures:
+    """One request alone: TTFT and largest token gap (ms), tokens, and whether it finished."""
+    ttft_ms: float | None
+    stall_ms: float | None
+    num_tokens: int
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"ttft_ms": self.ttft_ms, "stall_ms": self.stall_ms, "num_tokens": self.num_tokens,
+                "error": self.error}
+
+
+def figures(got: client.Collected) -> SoloFigures:
+    times = got.token_times_ms(got.sent_ns)
+    stall = max(metrics.itl(times), default=0.0) if times else None
+    return SoloFigures(times[0] if times else None, stall, len(times), got.error)
+
+
+def measure(base: str, body: dict, *, path: str = "/v1/completions", timeout_s: float = 300.0) -> SoloFigures:
+    """Stream one request alone and keep its solo figures."""
+    return figures(client.collect(base, body, path=path, timeout_s=timeout_s))
