@@ -65,7 +65,7 @@ class Gates:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
-    def parse(cls, raw: Mapping[str, str]) -> "Gates":
+    def parse(cls, raw: Mapping[str, str]) -> Gates:
         warnings: list[str] = []
         return cls(
             tick_slice=raw.get("MLXCEL_MTP_TICK_SLICE") not in OFF_SET,
@@ -80,7 +80,7 @@ class Gates:
         )
 
     @classmethod
-    def from_env(cls, defaults: Mapping[str, str] | None = None) -> "Gates":
+    def from_env(cls, defaults: Mapping[str, str] | None = None) -> Gates:
         """Gates from the environment; `defaults` (a scenario's own) lose to any gate that is set."""
         raw = dict(defaults or {})
         raw.update({name: os.environ[name] for name in GATE_NAMES + KNOB_NAMES if name in os.environ})

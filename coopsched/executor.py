@@ -70,7 +70,7 @@ class Executor:
             self._round(job, out, classic=list(plan.rows))
         else:
             self._round(job, out)
-        if job is not None and plan.kind is not TickKind.PARK:
+        if job is not None:
             # an admission tick books every row of the new job; a round, the rows that drafted
             out.spec_rows = tuple(job.ids) if plan.action is ActionKind.PREFILL else tuple(job.last_worked)
 

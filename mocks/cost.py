@@ -46,14 +46,14 @@ class CostModel:
 
     @classmethod
     def simple(cls, decode_ms: float = 5.0, round_ms: float = 30.0,
-               prefill_ms_per_token: float = 0.2, block_size: int = 4) -> "CostModel":
+               prefill_ms_per_token: float = 0.2, block_size: int = 4) -> CostModel:
         """Flat costs: every decode step `decode_ms`, every B = 1 round of K `round_ms`."""
         return cls(prefill_fixed_ms=0.0, prefill_per_token_ms=prefill_ms_per_token,
                    draft_prefill_per_token_ms=0.0, decode_ms=[[1, decode_ms]],
                    draft_per_token_ms=0.0, verify_ms=[[1, round_ms], [block_size, round_ms]])
 
     @classmethod
-    def load(cls, path: str | Path) -> "CostModel":
+    def load(cls, path: str | Path) -> CostModel:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:

@@ -117,7 +117,7 @@ class StreamingUser(User):
             ended = True
         except client.StreamError as exc:
             failed, ended = str(exc), True
-        except Exception as exc:  # noqa: BLE001 - any transport error is a failed request
+        except Exception as exc:
             failed, ended = repr(exc), True
         finally:  # also on GreenletExit when the run ends: what arrived is still a valid sample
             self._record(got, failed, cut=not ended)
@@ -273,8 +273,8 @@ def finish(environment) -> dict:
 def judge(samples: Samples, options, costs: dict | None, solo_figures: dict | None = None) -> dict:
     ms = {kind: {"ttft": np.asarray(samples.data[kind]["ttft_ns"], dtype=np.int64) / 1e6,
                  "gaps": np.asarray(samples.data[kind]["gaps_ns"], dtype=np.int64) / 1e6} for kind in KINDS}
-    pct = lambda a, q: float(np.percentile(a, q)) if a.size else None  # noqa: E731
-    top = lambda a: float(a.max()) if a.size else None  # noqa: E731
+    pct = lambda a, q: float(np.percentile(a, q)) if a.size else None
+    top = lambda a: float(a.max()) if a.size else None
     classic = ms["classic"]["gaps"]
     failures = sum(samples.data[k]["failures"] for k in KINDS)
     report = {
@@ -335,7 +335,7 @@ def solo_verdict(ms: dict, figures: dict, failures: int) -> dict:
 
 
 def print_table(report: dict, path: Path) -> None:
-    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"
     rows = [("bound b (decode + round)", report["bound_ms"]), ("classic ITL p50", report["classic_itl_p50_ms"]),
             ("classic ITL p99", report["classic_itl_p99_ms"]), ("  limit", report.get("p99_limit_ms")),
             ("classic ITL max", report["classic_itl_max_ms"]), ("  limit", report.get("gap_limit_ms")),

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from coopsched.clock import ManualClock
 from collections.abc import Callable
 
+from coopsched.clock import ManualClock
 from coopsched.core import Request, SamplingParams, Scheduler, SchedulerConfig
 from coopsched.engine import Engine
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
@@ -37,7 +37,7 @@ def mixed_requests(speculative: bool) -> list[Request]:
     return classic + spec + [seeded]
 
 
-def serve_both_ways(make: "Callable[[], Engine]") -> tuple[dict, dict, Scheduler, object]:
+def serve_both_ways(make: Callable[[], Engine]) -> tuple[dict, dict, Scheduler, object]:
     """Outputs of mixed_requests with speculation on and forced off; the speculative run's scheduler and result."""
     outputs, spec_run = {}, None
     for speculative in (True, False):

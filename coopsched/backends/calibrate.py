@@ -8,6 +8,7 @@ calibrated mock (virtual time) with the MLX backend (real time).
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -170,7 +171,7 @@ def _run_stats(backend, clock, block_size: int = 4) -> dict:
     walls = lambda kind: [t.end_ms - t.start_ms for t in result.ticks if t.action == kind]
     classic = times.get("classic", [])
     obs = scheduler.obs
-    itl = [b - a for a, b in zip(classic, classic[1:])]
+    itl = [b - a for a, b in itertools.pairwise(classic)]
     return {"round_ms": walls("spec_round"), "decode_ms": walls("decode"), "classic_itl_ms": itl,
             "classic_stall_ms": [max(itl, default=0.0)],
             "acceptance": [obs.accepted_tokens / obs.drafted_tokens if obs.drafted_tokens else 0.0]}

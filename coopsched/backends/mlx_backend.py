@@ -22,9 +22,9 @@ from coopsched.core.request import SamplingParams
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import mlx.core as mx  # noqa: E402
+import mlx.core as mx
 
-from .kv_batch import Batch, forward_one, new_cache  # noqa: E402
+from .kv_batch import Batch, forward_one, new_cache
 
 PREFILL_STEP = 2048    # prompt chunk, as mlx_lm.generate.generate_step
 RESIDENT_ROOM = 64     # decode steps a merged classic batch takes before it regrows
@@ -69,7 +69,7 @@ class MlxBackend:
         self._resident_ids: tuple[str, ...] = ()
         self._resident: Batch | None = None
 
-    def fresh(self) -> "MlxBackend":
+    def fresh(self) -> MlxBackend:
         """A backend with no sequences that shares this one's loaded weights."""
         other = object.__new__(MlxBackend)
         for name in ("model_dir", "draft_dir", "model", "tokenizer", "draft_model", "eos_token_id", "vocab_size"):

@@ -14,8 +14,20 @@ from .policy import Decision, TickPolicy, decide_action
 from .request import Priority, Request, RequestError, RequestState, SamplingParams
 from .scheduler import Scheduler
 from .spec import accept_walk
-from .types import (ActionKind, BurstFinalized, Committed, Emission, FinishReason, Outcome, RequestOutcome,
-                    TickDeltas, TickKind, TickRecord, TickState, TokenEvent)
+from .types import (
+                    ActionKind,
+                    BurstFinalized,
+                    Committed,
+                    Emission,
+                    FinishReason,
+                    Outcome,
+                    RequestOutcome,
+                    TickDeltas,
+                    TickKind,
+                    TickRecord,
+                    TickState,
+                    TokenEvent,
+)
 
 __all__ = [
     "MODES", "POLICIES", "ActionKind", "BatchObservability", "BurstFinalized", "Committed", "Decision",

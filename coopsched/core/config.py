@@ -6,6 +6,7 @@ The env gates (coopsched/env.py) map onto it; nothing here reads the environment
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .modes import MODES
 
@@ -51,5 +52,5 @@ class SchedulerConfig:
         """Whether speculative requests yield between rounds (dflash never does)."""
         return self.mode != "burst" and self.draft_kind != "dflash"
 
-    def with_(self, **overrides) -> "SchedulerConfig":
+    def with_(self, **overrides: Any) -> SchedulerConfig:
         return replace(self, **overrides)

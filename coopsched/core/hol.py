@@ -18,7 +18,7 @@ Samples = list[tuple[float, int]]  # (wait ms, how many rows waited it)
 
 class _Joined:
     """Requests that joined the queue between the same two ticks of a stretch."""
-    __slots__ = ("wait", "count")
+    __slots__ = ("count", "wait")
 
     def __init__(self) -> None:
         self.wait = 0.0

@@ -8,6 +8,8 @@ time so they never wedge the ring.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from .spec import SpecJob
 
 
@@ -20,7 +22,7 @@ class Backlog:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[SpecJob]:
         return iter(self._entries)
 
     @property

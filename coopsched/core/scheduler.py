@@ -20,12 +20,24 @@ from .modes import make_policy
 from .observability import BatchObservability
 from .plan import Plan
 from .policy import Decision, next_yield_flag
-from .queue import PrefillQueue
+from .queue import PrefillQueue, ShapeKey
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
 from .spec import SpecJob
-from .types import (ActionKind, BurstFinalized, Committed, Emission, FinishReason, Outcome,
-                    RequestOutcome, TickDeltas, TickKind, TickRecord, TickState, TokenEvent)
+from .types import (
+    ActionKind,
+    BurstFinalized,
+    Committed,
+    Emission,
+    FinishReason,
+    Outcome,
+    RequestOutcome,
+    TickDeltas,
+    TickKind,
+    TickRecord,
+    TickState,
+    TokenEvent,
+)
 
 
 class Scheduler:
@@ -262,7 +274,7 @@ class Scheduler:
         return RequestOutcome(reason, request.served_speculatively, burst, request.error)
 
 
-def _shape_key(ragged: bool):
+def _shape_key(ragged: bool) -> ShapeKey:
     """Window siblings: equal prompt length (unless ragged), same max_tokens and sampling."""
     def key(r: Request) -> Hashable:
         return (None if ragged else len(r.prompt_token_ids), r.max_tokens, r.sampling)

@@ -15,14 +15,13 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from mocks import CostModel
-
 from harness.live import client
 from harness.live.solo import RULE as SOLO_RULE
 from harness.live.solo import solo_limit
 from harness.run import metrics
 from harness.run.checks import REAL_TIME_ALLOWANCE, check
 from harness.run.scenario import RequestSpec, Scenario
+from mocks import CostModel
 
 SLACK_MS = 10.0          # real-time slack on every cost-derived bound (HTTP, thread wake-ups)
 ORDER_TOLERANCE_MS = 5.0  # requests sent this close together may reach the server in either order

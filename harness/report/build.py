@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.progress import Progress
 
 from coopsched.core import MODES
-
 from harness.report import gate, history, plots
 from harness.run import runner, scenario
 
@@ -227,7 +226,8 @@ def _checks_tables(report: Report) -> str:
             expect = "must hold" if c.get("expect", "pass") == "pass" else "must fail (legacy)"
             detail.append(f"<tr data-scenario='{t['scenario']}' data-mode='{t['mode']}'>"
                           f"<td class='l'>{t['scenario']}</td><td class='l'>{t['mode']}</td>"
-                          f"<td class='l'>{c['name']}</td><td>{_fmt(c['value'])}</td><td>{_fmt(c['bound'])}</td><td class='l'>{expect}</td><td class='l'>{result}</td>"
+                          f"<td class='l'>{c['name']}</td><td>{_fmt(c['value'])}</td><td>{_fmt(c['bound'])}</td>"
+                          f"<td class='l'>{expect}</td><td class='l'>{result}</td>"
                           f"<td class='l'>{html.escape(c.get('note', ''))}</td></tr>")
     detail.append("</table>")
     return "".join(matrix) + "".join(detail)
@@ -257,7 +257,7 @@ def _glance_table(report: Report) -> str:
 
 
 def render_html(report: Report) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cards = "".join(f"<div class='card {'ok' if ok else 'bad'}'><b>{html.escape(title)}</b>{html.escape(text)}</div>"
                     for ok, title, text in _verdicts(report))
     gated = report.gate_failures

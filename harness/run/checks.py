@@ -9,6 +9,7 @@ means the expectation was met.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -88,7 +89,7 @@ def classic_gaps(run, terms: Terms):
         if r.served_speculatively:
             continue
         times = run.token_times[r.id]
-        for a, b in zip(times, times[1:]):
+        for a, b in itertools.pairwise(times):
             inside = admissions[bisect_right(ends, a): bisect_right(ends, b)]
             extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in inside if t.kind.is_spec_admission)
             extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in inside if t.kind is TickKind.ADMIT)
@@ -129,7 +130,7 @@ def evaluate(run, *, classic, burst) -> list[dict]:
         else:
             out.append(classic_gap_check(run, terms, per_gap))
         if legacy and spec:
-            stall = max((max((b - a for a, b in zip(t, t[1:])), default=0.0)
+            stall = max((max((b - a for a, b in itertools.pairwise(t)), default=0.0)
                          for rid, t in run.token_times.items() if not run.by_id(rid).served_speculatively),
                         default=0.0)
             whole = max(b.burst_wall_ms for b in bursts.values())

@@ -11,12 +11,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from coopsched.clock import ManualClock, RealClock
-from coopsched.env import GateError
 from coopsched.core import MODES
-
+from coopsched.env import GateError
 from harness.run import runner, scenario, trace_json
 from harness.run.summary import print_summary
-
 
 
 def positive_ms(text: str) -> float:
@@ -27,7 +25,7 @@ def positive_ms(text: str) -> float:
     try:
         value = parse_hol_budget_ms(text, warnings)
     except GateError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("COOPSCHED_HOL_BUDGET_MS", "--hol-budget-ms"))
+        raise argparse.ArgumentTypeError(str(exc).replace("COOPSCHED_HOL_BUDGET_MS", "--hol-budget-ms")) from None
     if warnings:
         raise argparse.ArgumentTypeError(f"{text!r} is not a decimal number of ms")
     return value

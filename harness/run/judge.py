@@ -152,7 +152,7 @@ def sniff(text: str) -> tuple[str, object]:
             raise FormatError("neither JSON nor JSON lines") from None
         if isinstance(record, dict) and {"metrics", "metadata"} & set(record):
             return "aiperf", text.splitlines()
-        raise FormatError("JSON lines, but not aiperf records (want metadata and metrics)")
+        raise FormatError("JSON lines, but not aiperf records (want metadata and metrics)") from None
     if isinstance(data, list) and data and all(isinstance(r, dict) and "requests" in r for r in data):
         return "trace", data
     if isinstance(data, dict):
@@ -197,7 +197,7 @@ def verdict(path: Path, fmt: str, requests: list[RequestTiming], left_out: int, 
 
 
 def print_verdict(v: dict, slo: Slo) -> None:
-    fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+    fmt = lambda x: "-" if x is None else f"{x:.1f}"
     left = f" ({v['left_out']} left out)" if v["left_out"] else ""
     print(f"coopsched judge {v['file']} ({v['format']}): {_count(v['requests'], 'request')}{left}; "
           f"SLO: {slo.describe()}")

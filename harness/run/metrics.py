@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 import numpy as np
 
@@ -83,7 +83,7 @@ def throughput(requests: Sequence[dict]) -> dict:
 
 def gaps_of(times_ms: Sequence[float]) -> list[tuple[float, float]]:
     """(start, end) of every inter-token gap."""
-    return [(a, b) for a, b in zip(times_ms, times_ms[1:])]
+    return [(a, b) for a, b in pairwise(times_ms)]
 
 
 # -- token accounting of streamed arrivals ---------------------------------------------

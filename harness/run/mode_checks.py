@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from coopsched.core.modes.cost import MIN_BLOCK_SIZE
 from coopsched.core.types import ActionKind
-
 from harness.run import metrics
 from harness.run.checks import EPS_MS, Terms, check, classic_gaps, widest_job, worst_gap
 

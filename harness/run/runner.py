@@ -15,10 +15,9 @@ from coopsched.clock import ManualClock
 from coopsched.core import Request, Scheduler, SchedulerConfig, TickRecord
 from coopsched.engine import Engine
 from coopsched.env import Gates
-from mocks import CostModel, MockBackend, MockDrafter, MockTarget
-
 from harness.run import metrics
 from harness.run.scenario import Scenario
+from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
 BackendFactory = Callable[[object, Scenario, int], object]  # (clock, scenario, seed) -> backend
 

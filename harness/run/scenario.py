@@ -15,9 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from coopsched.core import Priority, Request, SamplingParams, SchedulerConfig
-from mocks import CostModel
-
 from harness.run.workload import Workload, WorkloadError
+from mocks import CostModel
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 TABLES = ("scheduler", "cost", "mock", "gates", "checks")
@@ -71,7 +70,7 @@ class Scenario:
     workload: Workload | None = None
 
     @classmethod
-    def load(cls, path: Path) -> "Scenario":
+    def load(cls, path: Path) -> Scenario:
         """Named after the file's stem; errors name the file and the value."""
         data = _read_toml(path)
         unknown = sorted(set(data) - {"name", "description", "proves", "requests", "workload", *TABLES})
@@ -79,7 +78,8 @@ class Scenario:
             raise ScenarioError(f"{path}: unknown key {', '.join(map(repr, unknown))}; accepted: name, description, "
                                 f"proves, [[requests]], [workload], {', '.join(f'[{t}]' for t in TABLES)}")
         if data.pop("name", path.stem) != path.stem:
-            raise ScenarioError(f"{path}: a scenario is named after its file ({path.stem!r}); drop `name` or rename the file")
+            raise ScenarioError(f"{path}: a scenario is named after its file ({path.stem!r}); "
+                                "drop `name` or rename the file")
         for key in ("description", "proves"):
             if not isinstance(data.get(key, ""), str):
                 raise ScenarioError(f"{path}: {key} must be text")
@@ -119,7 +119,7 @@ class Scenario:
         """What the engine runs: the requests, or a closed loop over the workload's."""
         return self.workload.arrivals(requests) if self.workload else requests
 
-    def for_seed(self, seed: int) -> "Scenario":
+    def for_seed(self, seed: int) -> Scenario:
         """This scenario with its workload's requests written out (for a runner that takes a fixed list)."""
         if self.workload is None:
             return self

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import IO, Any
-
 from json.encoder import encode_basestring_ascii as _string
+from typing import IO, Any
 
 _PLAIN = (int, float)
 _STREAM_DEPTH = 3  # containers this shallow are written item by item; deeper ones as one string

@@ -66,7 +66,7 @@ class Lengths:
     sigma: float | None = None
 
     @classmethod
-    def parse(cls, key: str, value) -> "Lengths":
+    def parse(cls, key: str, value) -> Lengths:
         accepted = "an int >= 1, {min = a, max = b} (uniform integers) or {mean = m, sigma = s} (lognormal)"
         if _is_int(value):
             if value < 1:
@@ -124,7 +124,7 @@ class Workload:
     trace: tuple[TraceLine, ...] = ()
 
     @classmethod
-    def parse(cls, table: dict, base_dir: Path) -> "Workload":
+    def parse(cls, table: dict, base_dir: Path) -> Workload:
         if not isinstance(table, dict):
             raise WorkloadError(f"workload = {_toml(table)}: want a [workload] table")
         unknown = sorted(set(table) - set(KEYS))

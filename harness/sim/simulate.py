@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from coopsched.clock import ManualClock
 from coopsched.core import MODES, Priority, Request, RequestError, SamplingParams, Scheduler, SchedulerConfig
-
 from harness.sim.faults import ANY, Fault, FaultyBackend
 from harness.sim.invariants import Checked, InvariantError
 
@@ -44,7 +43,7 @@ class Outcome:
     counts: Counter = field(default_factory=Counter)
     failures: list[tuple[int, str]] = field(default_factory=list)
 
-    def merge(self, other: "Outcome") -> None:
+    def merge(self, other: Outcome) -> None:
         self.seeds += other.seeds
         self.counts.update(other.counts)
         self.failures += other.failures

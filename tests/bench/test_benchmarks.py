@@ -14,7 +14,6 @@ import warnings
 import pytest
 
 from coopsched.core import MODES
-
 from harness.report import gate
 from harness.run import runner, scenario
 

@@ -7,7 +7,6 @@ import copy
 import pytest
 
 from coopsched.core import MODES
-
 from harness.report import gate
 from harness.run import runner, scenario
 

@@ -16,7 +16,8 @@ from PIL import Image
 
 from coopsched import cli
 from coopsched.core import MODES
-from harness.report import build as report, gate, history, plots
+from harness.report import build as report
+from harness.report import gate, history, plots
 from harness.run import runner, scenario
 
 pytestmark = pytest.mark.bench

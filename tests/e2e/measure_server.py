@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -110,7 +111,7 @@ def in_process_itl(num_streams: int, max_tokens: int, decode_ms: float) -> dict:
                     on_event=lambda e: times.setdefault(e.seq_id, []).extend([e.time_ms] * len(e.token_ids)))
     engine.run([Request(f"r{i}", tuple(body(i, 1)["prompt"].encode()), max_tokens=max_tokens, speculative=False)
                 for i in range(num_streams)])
-    gaps = [b - a for t in times.values() for a, b in zip(t, t[1:])]
+    gaps = [b - a for t in times.values() for a, b in itertools.pairwise(t)]
     return {"itl_p50_ms": pct(gaps, 50), "itl_p99_ms": pct(gaps, 99)}
 
 
@@ -141,9 +142,9 @@ def side_by_side(model: Path, draft: Path, max_tokens: int = 128) -> dict:
     for label, with_draft in (("no_draft", False), ("draft", True)):
         d = draft if with_draft else None
         servers = {
-            "coopsched": lambda: coopsched_serve("--backend", "mlx", "--model", str(model), *(
+            "coopsched": lambda d=d: coopsched_serve("--backend", "mlx", "--model", str(model), *(
                 ["--draft-model", str(d)] if d else []), "--max-batch-size", "16", "--num-slots", "32"),
-            "mlx_lm": lambda: mlx_lm_server(model, d),
+            "mlx_lm": lambda d=d: mlx_lm_server(model, d),
         }
         for name, start in servers.items():
             with start() as server:

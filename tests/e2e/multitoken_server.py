@@ -44,7 +44,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         if self.path == "/health":
             self._json(200, {"status": "ok"})
         elif self.path == "/v1/models":
@@ -53,7 +53,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": "not found", "type": "invalid_request_error", "param": None,
                                        "code": "not_found"}})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         max_tokens = int(body.get("max_tokens", 16))
         per_event = self.options.tokens_per_event if body.get("speculative", True) else 1

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e_servers import clean_env, serve
 
 pytestmark = pytest.mark.e2e

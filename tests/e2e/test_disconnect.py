@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from e2e_servers import wait_for
+
 from harness.live.client import stream
 
 pytestmark = pytest.mark.e2e

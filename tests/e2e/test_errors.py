@@ -8,8 +8,8 @@ import threading
 
 import httpx
 import pytest
-
 from e2e_servers import serve, wait_for
+
 from harness.live.client import collect
 
 pytestmark = pytest.mark.e2e

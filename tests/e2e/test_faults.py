@@ -19,12 +19,16 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
+from e2e_servers import serve, wait_for
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
-from schemathesis.checks import (content_type_conformance, not_a_server_error, response_schema_conformance,
-                                 status_code_conformance)
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
-from e2e_servers import serve, wait_for
 from harness.live.client import StreamError, stream
 
 pytestmark = pytest.mark.e2e

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e_servers import clean_env, serve
 
 from coopsched.cli import main as coopsched
-from e2e_servers import clean_env, serve
 from harness.live.client import free_port
 
 pytestmark = pytest.mark.e2e
@@ -49,7 +49,7 @@ def run_locust(tmp_path: Path, *args: str, env: dict | None = None, timeout_s: f
 
 def test_bare_headless_run_stops_by_itself_and_passes_in_slice_mode(tmp_path):
     """No -u, -r, -t, --host: one user of each kind for 20 s on its own mock server, then it stops."""
-    for attempt in range(2):
+    for _attempt in range(2):
         began = time.monotonic()
         code, report, output = run_locust(tmp_path, "--headless")
         wall_s = time.monotonic() - began
@@ -78,7 +78,7 @@ def test_bare_headless_run_stops_by_itself_and_passes_in_slice_mode(tmp_path):
 
 def test_an_explicit_run_time_wins_over_the_default(tmp_path):
     began = time.monotonic()
-    code, report, output = run_locust(tmp_path, "--headless", "--only-summary", "-t", "5s")
+    _code, report, output = run_locust(tmp_path, "--headless", "--only-summary", "-t", "5s")
     wall_s = time.monotonic() - began
     assert report["run_time_s"] == 5 and report["duration_s"] < 8, output[-3000:]
     assert wall_s < 20 and report["users"] == 2
@@ -131,7 +131,7 @@ def test_multi_token_events_are_counted_as_tokens_and_calibrated_solo(tmp_path, 
     server reports no costs, so each kind runs alone first instead of the run failing for want of a bound."""
     args = ["--tokens-per-event", "3"] + (["--text-only"] if stream_kind == "text-and-usage" else [])
     with fake_server(*args) as served:
-        code, report, output = run_locust(tmp_path, "--headless", "--only-summary", "-t", "5s", "--host", served.url)
+        _code, report, output = run_locust(tmp_path, "--headless", "--only-summary", "-t", "5s", "--host", served.url)
     assert report["failures"] == 0 and report["locust_failures"] == 0, output[-3000:]
     assert report["calibration"] == "solo" and report["ok"] is not None and report["bound_ms"] is None
     assert report["solo"]["spec"]["num_tokens"] == 64 and report["solo"]["classic"]["num_tokens"] == 128

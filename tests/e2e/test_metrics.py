@@ -12,12 +12,12 @@ import threading
 
 import httpx
 import pytest
+from e2e_servers import clean_env, serve
 
 from coopsched.clock import ManualClock
-from coopsched.core import Request, Scheduler, SamplingParams
+from coopsched.core import Request, SamplingParams, Scheduler
 from coopsched.engine import Engine
 from coopsched.env import Gates
-from e2e_servers import clean_env, serve
 from mocks import CostModel, MockBackend, MockDrafter
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from e2e_servers import serve
 
 openai = pytest.importorskip("openai")

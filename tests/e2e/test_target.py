@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e_servers import clean_env, serve
+
 from harness.live.client import free_port
 
 pytestmark = pytest.mark.e2e
@@ -94,7 +94,7 @@ def test_trace_bursts_agree_with_metrics():
     assert next(c for c in trace["checks"] if c["name"] == "completed")["ok"], trace["checks"]
     bursts = trace["bursts"]
     assert sorted(b["seq_id"] for b in bursts) == ["spec-a", "spec-b"]
-    delta = lambda name: after[name] - before[name]  # noqa: E731
+    delta = lambda name: after[name] - before[name]
     assert delta("coopsched_burst_wall_seconds_count") == len(bursts)
     assert delta("coopsched_spec_rounds_total") == sum(b["rounds"] for b in bursts) > 0
     assert delta("coopsched_spec_accepted_tokens_total") == sum(b["accepted_draft_tokens"] for b in bursts)
@@ -109,7 +109,7 @@ def test_target_counts_the_tokens_of_multi_token_events(tmp_path, stream_kind):
     fake = Path(__file__).with_name("multitoken_server.py")
     args = ["--tokens-per-event", "3"] + (["--text-only"] if stream_kind == "text-and-usage" else [])
     with serve(command=[sys.executable, str(fake), *args]) as served:
-        code, trace, output = run_target(served.url, tmp_path)
+        _code, trace, output = run_target(served.url, tmp_path)
     by_id = {r["id"]: r for r in trace["requests"]}
     assert (by_id["classic"]["num_tokens"], by_id["spec"]["num_tokens"]) == (128, 96), output
     assert "solo" in trace and checks_of(trace)["completed"]["ok"]

@@ -11,6 +11,7 @@ import re
 import shlex
 
 import pytest
+from plants import PLANTS, apply
 
 from coopsched import cli
 from coopsched.clock import ManualClock
@@ -19,7 +20,6 @@ from coopsched.executor import BackendError
 from harness.sim.faults import ANY, Fault, FaultyBackend, InjectedFault
 from harness.sim.invariants import Checked, InvariantError, reference_tokens
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
-from plants import PLANTS, apply
 
 PROMPT = tuple(range(65, 71))
 

@@ -4,6 +4,7 @@ one-line error with exit 2 and no traceback."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import pytest
 from coopsched.cli import main as cli
 from coopsched.core import MODES
 from harness.run import runner, scenario
-
 from harness.run.scenario import Scenario
 
 SMALL = """
@@ -156,7 +156,7 @@ speculative = false
     probe, *looped = done.requests
     assert probe.arrival_ms == 30
     spans = sorted((r.arrival_ms, done.token_times[r.id][-1]) for r in looped)
-    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # one user: one at a time
+    assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans))  # one user: one at a time
     assert any(probe.arrival_ms < end and start < done.token_times["probe"][-1] for start, end in spans)
 
 
@@ -221,7 +221,8 @@ BAD = [  # id, scenario text, files beside it, fragments the message must hold
     ("no-arrival", table(arrival=None), {}, ["arrival is missing"]),
     ("zero-rate", table(rate_per_s="0"), {}, ["rate_per_s = 0", "number > 0"]),
     ("negative-rate", table(rate_per_s="-2.5"), {}, ["rate_per_s = -2.5"]),
-    ("zero-concurrency", table(arrival='"closed"', rate_per_s=None, concurrency="0"), {}, ["concurrency = 0", "int >= 1"]),
+    ("zero-concurrency", table(arrival='"closed"', rate_per_s=None, concurrency="0"), {},
+     ["concurrency = 0", "int >= 1"]),
     ("no-concurrency", table(arrival='"closed"', rate_per_s=None), {}, ["concurrency is missing"]),
     ("rate-on-closed", table(arrival='"closed"', concurrency="2"), {}, ["rate_per_s = 5 does not apply", "open loop"]),
     ("concurrency-on-open", table(concurrency="4"), {}, ["concurrency = 4 does not apply", '"closed"']),
@@ -244,7 +245,8 @@ BAD = [  # id, scenario text, files beside it, fragments the message must hold
     ("trace-missing-file", '[workload]\ntrace = "nowhere/t.jsonl"\n', {}, ["trace file not found:", "nowhere/t.jsonl"]),
     ("trace-not-json", '[workload]\ntrace = "t.jsonl"\n', {"t.jsonl": '{"arrival_ms": 0, "prompt_len": 3}\n{oops\n'},
      ["t.jsonl:2: not a JSON object"]),
-    ("trace-not-an-object", '[workload]\ntrace = "t.jsonl"\n', {"t.jsonl": "[1, 2]\n"}, ["t.jsonl:1: want a JSON object"]),
+    ("trace-not-an-object", '[workload]\ntrace = "t.jsonl"\n', {"t.jsonl": "[1, 2]\n"},
+     ["t.jsonl:1: want a JSON object"]),
     ("trace-no-arrival", '[workload]\ntrace = "t.jsonl"\n', {"t.jsonl": '\n{"prompt_len": 3}\n'},
      ["t.jsonl:2: arrival_ms = null", "required"]),
     ("trace-negative-arrival", '[workload]\ntrace = "t.jsonl"\n', {"t.jsonl": '{"arrival_ms": -1, "prompt_len": 3}\n'},
@@ -259,7 +261,8 @@ BAD = [  # id, scenario text, files beside it, fragments the message must hold
      {"t.jsonl": '{"arrival_ms": 0, "prompt": "hi", "max_tokens": 0}\n'}, ["t.jsonl:1: max_tokens = 0"]),
     ("trace-bad-speculative", '[workload]\ntrace = "t.jsonl"\n',
      {"t.jsonl": '{"arrival_ms": 0, "prompt": "hi", "speculative": "yes"}\n'}, ['t.jsonl:1: speculative = "yes"']),
-    ("trace-unknown-key", '[workload]\ntrace = "t.jsonl"\n', {"t.jsonl": '{"arrival_ms": 0, "prompt": "hi", "id": 3}\n'},
+    ("trace-unknown-key", '[workload]\ntrace = "t.jsonl"\n',
+     {"t.jsonl": '{"arrival_ms": 0, "prompt": "hi", "id": 3}\n'},
      ["t.jsonl:1: unknown key 'id'", "accepted: arrival_ms"]),
     ("trace-empty", '[workload]\ntrace = "t.jsonl"\n', {"t.jsonl": "\n\n"}, ["t.jsonl holds no requests"]),
     ("trace-and-generation", '[workload]\ntrace = "t.jsonl"\nnum_requests = 3\n',

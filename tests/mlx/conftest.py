@@ -18,11 +18,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
+from mlx_helpers import BLOCK_SIZE, MAX_TOKENS, NUM_PROMPTS  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
 
 from coopsched.backends import model_build  # noqa: E402
 from coopsched.backends.mlx_backend import MlxBackend  # noqa: E402
-from mlx_helpers import BLOCK_SIZE, MAX_TOKENS, NUM_PROMPTS  # noqa: E402
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 

@@ -5,9 +5,9 @@ the drafter's noise controls acceptance."""
 from __future__ import annotations
 
 import pytest
+from mlx_helpers import BLOCK_SIZE, make_requests, mismatches, run
 
 from coopsched.backends.mlx_backend import MlxBackend
-from mlx_helpers import BLOCK_SIZE, make_requests, mismatches, run
 
 pytestmark = pytest.mark.mlx
 

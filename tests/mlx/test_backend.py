@@ -4,10 +4,10 @@ parity checks catch the bugs they guard against (a missing rollback, ignored pad
 from __future__ import annotations
 
 import pytest
+from mlx_helpers import BLOCK_SIZE, make_requests, mismatches, run
 
 from coopsched.backends import kv_batch, mlx_backend
 from coopsched.core import SamplingParams
-from mlx_helpers import BLOCK_SIZE, make_requests, mismatches, run
 
 pytestmark = pytest.mark.mlx
 

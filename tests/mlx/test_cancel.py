@@ -5,7 +5,6 @@ batch, keep producing exactly the oracle's tokens."""
 from __future__ import annotations
 
 import pytest
-
 from mlx_helpers import expected, make_requests, make_scheduler, mismatches, run
 
 pytestmark = pytest.mark.mlx

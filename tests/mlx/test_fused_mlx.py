@@ -5,7 +5,6 @@ cost-mode arbiter, whatever K it picks per round."""
 from __future__ import annotations
 
 import pytest
-
 from mlx_helpers import NUM_PROMPTS, make_requests, mismatches, run
 
 pytestmark = pytest.mark.mlx

@@ -12,12 +12,12 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
+from mlx_helpers import BLOCK_SIZE, MAX_TOKENS, run
 from mlx_lm.generate import generate_step
 
 from coopsched.backends.mlx_backend import MlxBackend
 from coopsched.core import FinishReason, Request, SamplingParams
 from coopsched.core.config import MODES
-from mlx_helpers import BLOCK_SIZE, MAX_TOKENS, run
 
 pytestmark = pytest.mark.mlx
 

@@ -5,9 +5,9 @@ speculation, batched classic decode, batched speculative windows and mixed traff
 from __future__ import annotations
 
 import pytest
+from mlx_helpers import NUM_PROMPTS, make_requests, mismatches, run
 
 from coopsched.core.config import MODES
-from mlx_helpers import NUM_PROMPTS, make_requests, mismatches, run
 
 pytestmark = pytest.mark.mlx
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from factories import make_engine
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coopsched.clock import ManualClock
 from coopsched.core import FinishReason, Request, RequestError, SamplingParams
-from factories import make_engine
 from mocks import ByteTokenizer, CostModel, MockBackend, MockDrafter, MockTarget
 from mocks.model import context_hash, extend_hash
 

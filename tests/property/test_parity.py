@@ -1,11 +1,11 @@
 """Greedy parity, generated: a speculative stream equals the same request decoded classically,
 whatever the drafter proposes, at B = 1 and in batched windows, in burst and slice mode."""
 
+from factories import make_backend, make_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coopsched.core import Request
-from factories import make_backend, make_engine
 from mocks import MockTarget
 
 prompts = st.lists(st.integers(32, 126), min_size=1, max_size=20).map(tuple)

@@ -12,15 +12,21 @@ from __future__ import annotations
 import pytest
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from plants import apply
 
 from coopsched.clock import ManualClock
 from coopsched.core import MODES, Priority, Request, RequestError, SamplingParams, Scheduler, SchedulerConfig
 from harness.sim.faults import ANY, Fault, FaultyBackend
 from harness.sim.invariants import Checked
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
-from plants import apply
 
 CALLS = ("prefill", "decode", "draft", "verify", "fused")
 

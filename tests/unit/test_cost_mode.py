@@ -1,9 +1,10 @@
 """Cost mode (issue 7): the cost estimator, the arbiter's choices, the ms budget, parity, no starvation."""
 
+import itertools
 from collections import Counter
 
 import pytest
-from factories import make_backend, make_requests, make_engine, serve_both_ways, token_times
+from factories import make_backend, make_engine, make_requests, serve_both_ways, token_times
 
 from coopsched.core import Request
 from coopsched.core.modes.cost import CostEstimator
@@ -58,7 +59,7 @@ def test_every_classic_gap_fits_the_budget(budget):
 def test_more_budget_means_more_rounds_between_decodes_and_earlier_spec_finish():
     finish, per_gap = [], []
     for budget in (15.0, 30.0, 50.0, 80.0):
-        sched, result, _, times = _run_cost(budget)
+        _sched, result, _, times = _run_cost(budget)
         finish.append(times["spec"][-1])
         kinds = [t.action for t in result.ticks if t.action in ("decode", "spec_round")]
         runs = "".join("s" if k == "spec_round" else "d" for k in kinds).split("d")
@@ -85,7 +86,7 @@ def test_speculation_alone_runs_back_to_back_at_its_most_efficient_width():
     sched = make_engine(make_backend(cost=COST), mode="cost", hol_budget_ms=15.0)
     result = sched.run(make_requests(1, prompt_len=12, max_tokens=90))
     rounds = [t for t in result.ticks if t.action == "spec_round"]
-    assert all(a.end_ms == b.start_ms for a, b in zip(rounds, rounds[1:]))  # no budget when no one waits
+    assert all(a.end_ms == b.start_ms for a, b in itertools.pairwise(rounds))  # no budget when no one waits
     arbiter = sched.scheduler.policy
     assert sorted(arbiter.k_log[:3]) == [2, 3, 4]
     best = max(range(2, 5), key=lambda k: arbiter.expected_tokens(k) / COST.round(k))
@@ -93,7 +94,7 @@ def test_speculation_alone_runs_back_to_back_at_its_most_efficient_width():
 
 
 def test_a_budget_below_the_floor_alternates_at_the_smallest_k_instead_of_starving():
-    sched, result, gaps, times = _run_cost(5.0, classic_tokens=200, spec_tokens=40)
+    sched, _result, gaps, times = _run_cost(5.0, classic_tokens=200, spec_tokens=40)
     assert times["spec"] and sched.scheduler.requests == {}  # the speculative request finished beside the classic one
     assert set(sched.scheduler.policy.k_log) == {2}
     spec_gaps = [g for g in gaps if g > COST.decode(1) + 1e-9]

@@ -1,4 +1,4 @@
-"""`coopsched judge` and the SLO module: parsing, the per-token rule, every reader on hand-written fixtures, exit codes."""
+"""`coopsched judge` and the SLO module: parsing, the per-token rule, every reader on fixtures, exit codes."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ backlog entry removed without wedging the ring.
 """
 
 import pytest
+from factories import make_backend, make_engine
 
 from coopsched.core import Request
-from factories import make_backend, make_engine
 
 
 def contend(grant_rounds: int, contenders: int, cancel: dict[int, str] | None = None, max_tokens: int = 12,

@@ -1,10 +1,10 @@
 """The acceptance walk and a speculative request's life, incl. upstream's scripted case."""
 
 import pytest
+from factories import make_backend, make_engine
 
 from coopsched.core import FinishReason, Request, accept_walk
 from coopsched.core.policy import ActionKind
-from factories import make_backend, make_engine
 from mocks import MockTarget
 
 EOS = 9999
@@ -75,7 +75,7 @@ def test_upstream_case_equals_classic_decode():
 
 
 def test_cancel_after_slice_1_stops_before_another_round():
-    engine, request, events = upstream("slice", cancel_after_slices=2)
+    engine, request, _events = upstream("slice", cancel_after_slices=2)
     assert request.output_token_ids == [100, 10, 11, 12, 13]
     assert request.finish_reason is FinishReason.STOP
     (record,) = engine.scheduler.obs.bursts

@@ -1,12 +1,12 @@
 """KV slot pool, prefill queue lanes, commit rules and HOL accounting."""
 
 import pytest
+from factories import make_engine, make_requests
 
 from coopsched.core import FinishReason, Priority, Request, RequestError, SamplingParams
 from coopsched.core.commit import commit_tokens
 from coopsched.core.kv import KVSlotPool
 from coopsched.core.queue import PrefillQueue
-from factories import make_requests, make_engine
 from mocks import ByteTokenizer
 
 DETOK = ByteTokenizer().decode

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from factories import make_engine, make_requests
+from hypothesis import given
+from hypothesis import strategies as st
 
 from coopsched.core import Request, TickKind
 from coopsched.engine import Arrivals
-from factories import make_engine, make_requests
 from harness.run.workload import Lengths, Workload, WorkloadError
 
 N = 20_001  # 20 000 gaps
@@ -157,8 +158,9 @@ def test_arrivals_pop_earliest_first_and_keep_ties_in_insertion_order():
 
 
 def test_a_list_and_an_arrivals_heap_run_identically():
-    from coopsched.clock import ManualClock
     from factories import make_backend
+
+    from coopsched.clock import ManualClock
 
     def run(wrap):
         clock = ManualClock()
@@ -171,8 +173,9 @@ def test_a_list_and_an_arrivals_heap_run_identically():
 
 
 def test_arrivals_pushed_on_a_finish_are_submitted_at_that_instant():
-    from coopsched.clock import ManualClock
     from factories import make_backend
+
+    from coopsched.clock import ManualClock
 
     class Chain(Arrivals):
         """Each finish sends one more request, until three have run."""

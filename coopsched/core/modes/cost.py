@@ -17,10 +17,12 @@ cannot be met: the arbiter then alternates at the smallest K rather than starve.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..plan import Plan
 from ..policy import Decision, SchedulerView, decide_action
+from ..request import Request
 from ..spec import SpecJob
 from ..types import ActionKind, Outcome, TickKind, TickRecord, TickState
 
@@ -98,7 +100,7 @@ class CostPolicy:
             return ActionKind.SPEC_ROUND
         return ActionKind.DECODE
 
-    def _fit(self, sched: SchedulerView, running, is_fresh: bool) -> bool:
+    def _fit(self, sched: SchedulerView, running: Sequence[Request], is_fresh: bool) -> bool:
         """Whether a speculative action fits before the next decode; sets `self.k`.
 
         `is_fresh`: every running row got a token in the last tick (nothing else is in this gap).
@@ -119,7 +121,8 @@ class CostPolicy:
         else:  # a granted waiter's slice 0 (a prefill of its prompt), or a begun job at full K
             costs = [self.slice0.estimate((_prompt_tokens(j),)) if not j.is_begun
                      else self.round.estimate((self.max_k, len(j.live_rows))) for j in jobs]
-            smallest = None if None in costs else max(costs)
+            known = [c for c in costs if c is not None]
+            smallest = max(known) if len(known) == len(costs) else None
             if smallest is not None and smallest <= spare + EPS_MS:
                 self.k = self.max_k
                 return True
@@ -172,7 +175,7 @@ class CostPolicy:
                          if i in sched.requests)
             self.slice0.observe((max(tokens, 1),), record.wall_ms)
 
-    def _count_acceptance(self, job: SpecJob | None, seq_ids, k: int) -> None:
+    def _count_acceptance(self, job: SpecJob | None, seq_ids: Sequence[str], k: int) -> None:
         for seq_id in seq_ids:
             if job is None or seq_id not in job.stats:
                 continue
