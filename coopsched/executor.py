@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .core.backend import ModelBackend
-from .core.plan import Plan
+from .core.backend import ModelBackend, PrefillRow
+from .core.plan import Plan, Span
 from .core.request import Request, RequestState
 from .core.spec import SpecJob, commit
 from .core.types import ActionKind, Emission, FinishReason, Outcome, TickKind
@@ -58,10 +58,12 @@ class Executor:
     # -- the plan's work --------------------------------------------------------
     def _run(self, plan: Plan, out: Outcome) -> None:
         job = plan.job
-        if plan.kind in (TickKind.ADMIT, TickKind.DECODE):
+        if plan.kind is TickKind.DECODE or (job is None and plan.kind in (TickKind.ADMIT, TickKind.CHUNK)):
             self._classic(plan, out)
         elif job is None or plan.kind is TickKind.PARK:
             return
+        elif plan.kind is TickKind.CHUNK:
+            self._chunk(plan, job, out)
         elif not job.is_begun:
             self._slice0(job, out)
             while plan.runs_to_completion and job.live_rows:
@@ -76,19 +78,47 @@ class Executor:
 
     def _classic(self, plan: Plan, out: Outcome) -> None:
         rows = list(plan.rows)
-        if plan.kind is TickKind.ADMIT:
-            head = rows[0]
-            tokens = [guard((head.id,), self.backend.prefill, head.id, head.prompt_token_ids,
-                            head.sampling, False)]
-        else:
+        if plan.kind is TickKind.DECODE:
             tokens = guard([r.id for r in rows], self.backend.decode, [(r.id, r.last_token) for r in rows])
-        out.emissions += self._commit_classic(rows, tokens)
+            out.emissions += self._commit_classic(rows, tokens)
+            return
+        firsts = self._prefill(plan.spans, with_draft=False)  # rows whose prompt is all in get a token
+        done = [(s.request, first) for s, first in zip(plan.spans, firsts) if first is not None]
+        out.emissions += self._commit_classic([r for r, _ in done], [t for _, t in done])
+
+    def _prefill(self, spans: Sequence[Span], with_draft: bool) -> list[int | None]:
+        """One prefill call: a lone whole prompt as `prefill`, anything else as ONE `prefill_batch`.
+        Each row's prefilled count moves only once the call succeeded."""
+        if not spans:
+            return []
+        if len(spans) == 1 and spans[0].is_whole:
+            r = spans[0].request
+            firsts: list[int | None] = [guard((r.id,), self.backend.prefill, r.id, r.prompt_token_ids,
+                                              r.sampling, with_draft)]
+        else:
+            rows = [PrefillRow(s.request.id, s.request.prompt_token_ids, s.start, s.stop, s.request.sampling,
+                               with_draft) for s in spans]
+            firsts = guard([s.request.id for s in spans], self.backend.prefill_batch, rows)
+        for span in spans:
+            span.request.num_prefilled = span.stop
+        return firsts
 
     def _slice0(self, job: SpecJob, out: Outcome) -> None:
         rows = job.start_slice0()
         firsts = [guard((r.id,), self.backend.prefill, r.id, r.prompt_token_ids, r.sampling, True)
                   for r in rows]
+        for request in rows:
+            request.num_prefilled = len(request.prompt_token_ids)
         out.emissions += job.finish_slice0(rows, firsts, self.backend.eos_token_id, self.backend.detokenize)
+
+    def _chunk(self, plan: Plan, job: SpecJob, out: Outcome) -> None:
+        """One chunk of a speculative job's slice 0 (its rows' prompts, with the drafter)."""
+        out.emissions += job.stop_cancelled()
+        rows = job.start_slice0()
+        spans = [s for s in plan.spans if not s.request.is_finished]
+        firsts = self._prefill(spans, with_draft=True)
+        done = [(s.request.id, first) for s, first in zip(spans, firsts)]
+        out.emissions += job.finish_chunk(rows, done, self.backend.eos_token_id, self.backend.detokenize)
 
     def _round(self, job: SpecJob, out: Outcome, classic: list[Request] | None = None) -> None:
         """One round of the job; in a fused tick its verify also decodes the classic rows."""
@@ -145,8 +175,10 @@ class Executor:
             if request.is_finished and request.id not in finishing:
                 out.emissions.append(Emission(request.id, (), request.finish_reason))
         if job is not None and job_rows and job.live_rows and not job.is_begun:
+            job.firsts.clear()
             for request in job.live_rows:  # slice 0 failed for a sibling: the rest retry it from scratch
                 self._release(request.id)
+                request.num_prefilled = 0
         out.error = str(exc)
         out.failed = tuple(r.id for r in failed)
         out.touched = tuple(touched)

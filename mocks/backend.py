@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from coopsched.core.backend import PrefillRow
 from coopsched.core.request import SamplingParams
 
 from .cost import CostModel
@@ -76,6 +77,29 @@ class MockBackend:
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
         self._charge(self.cost.decode(len(rows)))
         return self._decode_rows(rows)
+
+    # -- chunked and batched prefill (issue 12) ---------------------------------
+    def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
+        """One prefill forward over every row's span, charged `CostModel.prefill_batch`; a row's
+        first token once its prompt is all in (the same context hash as a whole prefill)."""
+        for row in rows:
+            held = 0 if row.start == 0 else len(self._seqs[row.seq_id].tokens)
+            if not 0 <= row.start == held < row.stop <= len(row.prompt):
+                raise ValueError(f"prefill of {row.seq_id!r}: span [{row.start}, {row.stop}) of a "
+                                 f"{len(row.prompt)}-token prompt, but its cache holds {held} tokens")
+        self._charge(self.cost.prefill_batch([(r.stop - r.start, r.with_draft) for r in rows]))
+        out: list[int | None] = []
+        for row in rows:
+            if row.start == 0:
+                self._seqs[row.seq_id] = _Sequence(len(row.prompt), row.params, [], [context_hash(())])
+            seq = self._seqs[row.seq_id]
+            h = seq.hashes[-1]
+            for token in row.prompt[row.start:row.stop]:
+                h = extend_hash(h, token)
+            seq.tokens.extend(row.prompt[row.start:row.stop])
+            seq.hashes = [h]
+            out.append(self._target_after(seq) if row.is_last else None)
+        return out
 
     def _decode_rows(self, rows: Sequence[tuple[str, int]]) -> list[int]:
         out = []

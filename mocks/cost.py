@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -90,6 +91,23 @@ class CostModel:
 
     def slice0(self, prompt_len: int) -> float:
         return self.prefill(prompt_len, with_draft=True)
+
+    # -- chunked and batched prefill (issue 12): priced from the prefill terms, no knob of its own --
+    def prefill_batch(self, spans: Sequence[tuple[int, bool]]) -> float:
+        """ONE prefill forward over several rows' spans, each (tokens, with_draft): whole prompts
+        or chunks. The fixed cost is paid once per forward (what batching saves, and what each
+        extra chunk costs); every token at the per-token price, drafter rows also at the draft
+        prefill price. Unpadded (ragged) rows; a chunk's attention over earlier chunks is not
+        priced (linear in tokens): calibration may add terms, defaulting to today's prices."""
+        if not spans:
+            return 0.0
+        tokens = sum(n for n, _ in spans)
+        draft = sum(n for n, with_draft in spans if with_draft)
+        return self.prefill_fixed_ms + self.prefill_per_token_ms * tokens + self.draft_prefill_per_token_ms * draft
+
+    def chunk(self, num_tokens: int, with_draft: bool = False) -> float:
+        """One full chunk of `num_tokens` (the most a prefill tick costs under that budget)."""
+        return self.prefill_batch([(num_tokens, with_draft)])
 
     @property
     def max_jitter_factor(self) -> float:

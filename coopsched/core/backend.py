@@ -8,9 +8,27 @@ backends both satisfy this; their cost (virtual or real) is theirs to pay.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .request import SamplingParams
+
+
+class PrefillRow(NamedTuple):
+    """One row of `prefill_batch`: positions [start, stop) of the sequence's prompt.
+
+    start = 0 creates the sequence's caches; a later row continues them (the caches hold
+    exactly `start` prompt tokens). The row whose stop ends the prompt samples the first token.
+    """
+    seq_id: str
+    prompt: Sequence[int]     # the whole prompt
+    start: int
+    stop: int
+    params: SamplingParams
+    with_draft: bool          # the drafter reads the same span
+
+    @property
+    def is_last(self) -> bool:
+        return self.stop == len(self.prompt)
 
 
 class ModelBackend(Protocol):
@@ -19,6 +37,10 @@ class ModelBackend(Protocol):
     def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
                 with_draft: bool) -> int:
         """Fill the target (and drafter) caches with the prompt; return the first token."""
+
+    def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
+        """ONE forward over every row's span (whole prompts or chunks); each row's first token
+        if its span ends its prompt, else None. A failure leaves every row as it was."""
 
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
         """One batched forward over (seq_id, last_token) rows; the next token of each."""

@@ -30,6 +30,8 @@ class SchedulerConfig:
     max_window: int = 8
     draft_kind: str = "auto"       # "dflash" is never sliced
     hol_budget_ms: float = 50.0    # cost mode: longest a classic row may wait on speculation
+    prefill_chunk_tokens: int = 0  # N > 0: a prefill tick prefills at most N prompt tokens; 0 = whole prompts
+    max_batch_prefill: int = 1     # classic requests one prefill tick may admit together (one forward)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -38,14 +40,19 @@ class SchedulerConfig:
             raise ValueError(f"draft_kind={self.draft_kind!r} is not one of {', '.join(DRAFT_KINDS)}")
         if self.block_size < 2:
             raise ValueError(f"block_size={self.block_size}: K must be >= 2 (one draft, one verify)")
-        for name in ("max_batch_size", "num_kv_slots", "slot_tokens", "max_window"):
+        for name in ("max_batch_size", "num_kv_slots", "slot_tokens", "max_window", "max_batch_prefill"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("grant_rounds", "backlog_cap", "skip_cap"):
+        for name in ("grant_rounds", "backlog_cap", "skip_cap", "prefill_chunk_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         if self.hol_budget_ms <= 0:
             raise ValueError(f"hol_budget_ms={self.hol_budget_ms} must be > 0")
+
+    @property
+    def is_chunked(self) -> bool:
+        """Whether long prompts are prefilled in chunks of `prefill_chunk_tokens`."""
+        return self.prefill_chunk_tokens > 0
 
     @property
     def is_sliced(self) -> bool:

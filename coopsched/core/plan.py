@@ -14,6 +14,17 @@ from .spec import SpecJob
 from .types import ActionKind, TickKind, TickState
 
 
+class Span(NamedTuple):
+    """Prompt positions [start, stop) of a request that a prefill tick prefills."""
+    request: Request
+    start: int
+    stop: int
+
+    @property
+    def is_whole(self) -> bool:
+        return self.start == 0 and self.stop == len(self.request.prompt_token_ids)
+
+
 class Plan(NamedTuple):
     action: ActionKind
     kind: TickKind
@@ -22,6 +33,7 @@ class Plan(NamedTuple):
     rows: tuple[Request, ...] = ()       # classic rows: the admitted head, or the decode batch
     job: SpecJob | None = None
     release: tuple[str, ...] = ()        # rows finished before the tick (cancels): caches to free
+    spans: tuple[Span, ...] = ()         # a prefill tick: what each row prefills (chunks under a budget)
 
     @property
     def runs_to_completion(self) -> bool:

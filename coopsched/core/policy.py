@@ -1,9 +1,11 @@
 """Tick policies: each mode decides one action per tick from a small frozen state.
 
 `decide_action` is the upstream rule (under contention speculative rounds and
-classic actions strictly alternate; alone, the round takes every tick). A mode
-is a `TickPolicy` in coopsched/core/modes/, registered by name there; the
-scheduler asks its policy and never tests the mode.
+classic actions strictly alternate; alone, the round takes every tick). With
+chunked prefill a classic gap holds at most one prefill tick (`prefill_yields`)
+and, through the yield flag, at most one speculative action before the decode
+rows' step. A mode is a `TickPolicy` in coopsched/core/modes/, registered by name
+there; the scheduler asks its policy and never tests the mode.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .spec import SpecJob
 from .types import ActionKind, Outcome, TickRecord, TickState
 
 __all__ = ["ActionKind", "Decision", "SchedulerView", "TickPolicy", "TickState", "decide_action",
-           "next_yield_flag"]
+           "next_yield_flag", "wants_prefill"]
 
 
 class Decision(NamedTuple):
@@ -46,13 +48,21 @@ class TickPolicy(Protocol):
         """Learn from a committed tick, before its finished rows are finalized."""
 
 
+def wants_prefill(state: TickState) -> bool:
+    """A prefill is due: an admission fits the batch, or a chunked prefill is under way, and
+    (chunking) no prefill ran since the decode rows were last served."""
+    can_admit = state.num_running < state.max_batch_size and state.num_admissible > 0
+    can_prefill = can_admit or state.has_parked_prefill
+    return can_prefill and not (state.prefill_yields and state.num_running > 0)
+
+
 def decide_action(state: TickState) -> ActionKind:
     has_classic_work = state.num_running > 0 or state.num_admissible > 0 or state.has_parked_prefill
     if state.has_spec_work and (not has_classic_work or not state.last_was_spec):
         return ActionKind.SPEC_ROUND
     if not has_classic_work:
         return ActionKind.IDLE
-    if state.num_running < state.max_batch_size and state.num_admissible > 0:
+    if wants_prefill(state):
         return ActionKind.PREFILL
     if state.num_running > 0:
         return ActionKind.DECODE

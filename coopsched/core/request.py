@@ -20,6 +20,7 @@ class Priority(enum.IntEnum):
 
 class RequestState(enum.Enum):
     WAITING = "waiting"          # in the prefill queue
+    PREFILLING = "prefilling"    # admitted, its prompt prefilled in chunks: joins the batch when done
     RUNNING = "running"          # a row of the classic decode batch
     SPECULATIVE = "speculative"  # a row of the active speculative job
     PARKED = "parked"            # in the rotation backlog
@@ -59,6 +60,7 @@ class Request:
     is_cancelled: bool = False
     served_speculatively: bool = False
     last_token: int | None = None  # sampled, not yet fed to the model
+    num_prefilled: int = 0         # prompt tokens in the backend's caches (chunked prefill)
     error: str | None = None
 
     def __post_init__(self) -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from .config import SchedulerConfig
-from .dispatch import Route, dispatch
+from .dispatch import Route, dispatch, is_eligible
 from .hol import HolBook, Samples
 from .kv import KVSlotPool
 from .modes import make_policy
 from .observability import BatchObservability
-from .plan import Plan
+from .plan import Plan, Span
 from .policy import Decision, next_yield_flag
+from .prefill import Budget, prefill_kind, spans_for
 from .queue import PrefillQueue, ShapeKey
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
@@ -39,6 +40,8 @@ from .types import (
     TokenEvent,
 )
 
+SPEC_PREFILLS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.CHUNK})
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, *, keep_history: bool = True) -> None:
@@ -46,11 +49,13 @@ class Scheduler:
         self.policy = make_policy(config.mode, config)
         self.queue = PrefillQueue(_shape_key(config.enable_ragged) if config.enable_batch else None)
         self.running: list[Request] = []
+        self.prefilling: list[Request] = []      # classic rows admitted, prompts not yet all prefilled
         self.job: SpecJob | None = None
         self.backlog = Backlog(config.backlog_cap, config.skip_cap)
         self.kv = KVSlotPool(config.num_kv_slots, config.slot_tokens)
         self.obs = BatchObservability(keep_history)
         self.last_was_spec = False
+        self.last_was_prefill = False            # a prefill ran since the decode rows were last served
         self.requests: dict[str, Request] = {}   # every live request, by id
         self._jobs: dict[str, SpecJob] = {}      # speculative request id -> its job
         self._cancelled: dict[str, Request] = {}  # live and flagged, in the order flagged
@@ -87,7 +92,7 @@ class Scheduler:
     def is_idle(self) -> bool:
         """Nothing to do until something arrives (cancelled requests still to reap are work)."""
         # decide_action's Idle: no speculative work, no batch, nothing admissible
-        return not (self._reaped or self._cancelled or self.running or self.has_spec_work
+        return not (self._reaped or self._cancelled or self.running or self.prefilling or self.has_spec_work
                     or (len(self.queue) and self.kv.num_free))
 
     @property
@@ -96,10 +101,16 @@ class Scheduler:
 
     def tick_state(self) -> TickState:
         num_queued, num_free = len(self.queue), self.kv.num_free
+        num_admitted = len(self.running) + len(self.prefilling)  # prefilling rows join the batch when done
+        has_room = num_free and num_admitted < self.config.max_batch_size
+        chunked = self.config.is_chunked
         return TickState(has_spec_work=self.has_spec_work, num_running=len(self.running),
                          max_batch_size=self.config.max_batch_size,
-                         num_admissible=num_queued if num_free else 0, last_was_spec=self.last_was_spec,
-                         num_queued=num_queued, num_free_slots=num_free)
+                         num_admissible=num_queued if has_room else 0,
+                         has_parked_prefill=bool(self.prefilling), last_was_spec=self.last_was_spec,
+                         num_queued=num_queued, num_free_slots=num_free,
+                         prefill_yields=chunked and self.last_was_prefill,
+                         spec_prefilling=chunked and self.job is not None and not self.job.is_begun)
 
     # -- planning -------------------------------------------------------------
     def schedule(self) -> Plan:
@@ -118,6 +129,8 @@ class Scheduler:
         return Plan(ActionKind.IDLE, TickKind.IDLE, state, release=release)
 
     def _plan_admission(self, state: TickState, release: tuple[str, ...]) -> Plan:
+        if self.prefilling:  # a chunked prefill under way goes on first
+            return self._plan_classic_prefill(state, release, [])
         head = self.queue.pop()
         self._hol_samples += self._hol.leave_queue(head.id)
         slot_free = not self.has_spec_work
@@ -134,7 +147,7 @@ class Scheduler:
             return Plan(ActionKind.PREFILL, TickKind.PARK, state, (head.id,), job=job, release=release)
         if route is Route.CLASSIC:
             self.kv.acquire(head.id)
-            return Plan(ActionKind.PREFILL, TickKind.ADMIT, state, (head.id,), (head,), release=release)
+            return self._plan_classic_prefill(state, release, [head])
         rows = [head]
         if route is Route.WINDOW:
             for sibling in siblings[: max(limit, 0)]:
@@ -147,8 +160,39 @@ class Scheduler:
         for request in rows:
             self._jobs[request.id] = job
         self.obs.log_grant(",".join(job.ids))
-        kind = (TickKind.WINDOW if job.is_window else TickKind.SLICE0) if self.policy.is_sliced else TickKind.BURST
-        return Plan(ActionKind.PREFILL, kind, state, tuple(job.ids), job=job, release=release)
+        if not self.policy.is_sliced:
+            return Plan(ActionKind.PREFILL, TickKind.BURST, state, tuple(job.ids), job=job, release=release)
+        kind, spans = self._slice0_spans(job, TickKind.WINDOW if job.is_window else TickKind.SLICE0)
+        return Plan(ActionKind.PREFILL, kind, state, tuple(job.ids), job=job, release=release, spans=spans)
+
+    def _plan_classic_prefill(self, state: TickState, release: tuple[str, ...], admitted: list[Request]) -> Plan:
+        """Chunks of the prefills under way, then new classic admissions, within one tick's budget.
+
+        Only requests that cannot be served speculatively join a batch behind the head: a
+        speculative one waits to be the head of its own admission tick (queue order kept).
+        """
+        budget = Budget(self.config.prefill_chunk_tokens, self.config.max_batch_prefill)
+        spans = spans_for([*self.prefilling, *admitted], budget)
+        room = self.config.max_batch_size - len(self.running) - len(self.prefilling) - len(admitted)
+        while budget.has_room and room > 0 and self.kv.num_free:
+            head = self.queue.peek()
+            if head is None or is_eligible(head, self.config):
+                break
+            self.queue.pop()
+            self._hol_samples += self._hol.leave_queue(head.id)
+            self.kv.acquire(head.id)
+            spans.append(budget.take(head))
+            room -= 1
+        rows = tuple(s.request for s in spans)
+        return Plan(ActionKind.PREFILL, prefill_kind(spans, TickKind.ADMIT), state, tuple(r.id for r in rows),
+                    rows, release=release, spans=tuple(spans))
+
+    def _slice0_spans(self, job: SpecJob, whole: TickKind) -> tuple[TickKind, tuple[Span, ...]]:
+        """What this tick prefills of the job's slice 0: the whole of it, or one chunk (CHUNK)."""
+        rows = job.live_rows
+        spans = spans_for(rows, Budget(self.config.prefill_chunk_tokens, len(rows)))
+        kind = prefill_kind(spans, whole) if len(spans) == len(rows) else TickKind.CHUNK
+        return kind, tuple(spans)
 
     def _plan_spec(self, decision: Decision, state: TickState, release: tuple[str, ...]) -> Plan:
         job, granted = self.job, False
@@ -160,7 +204,8 @@ class Scheduler:
             granted = True
         live = tuple(r.id for r in job.live_rows)  # a window's finished rows are not in this tick
         if not job.is_begun:  # slice 0 is a prefill: it never shares a fused forward
-            return Plan(ActionKind.SPEC_ROUND, TickKind.SLICE0, state, live, job=job, release=release)
+            kind, spans = self._slice0_spans(job, TickKind.SLICE0)
+            return Plan(ActionKind.SPEC_ROUND, kind, state, live, job=job, release=release, spans=spans)
         if decision.block_size is not None:
             job.block_size = decision.block_size
         if decision.action is ActionKind.FUSED:
@@ -172,9 +217,10 @@ class Scheduler:
 
     # -- the books ------------------------------------------------------------
     def commit(self, plan: Plan, outcome: Outcome, start_ms: float, end_ms: float) -> Committed:
-        self.last_was_spec = next_yield_flag(self.last_was_spec, plan.action)
+        self._book_flags(plan)
         kind, ids = (TickKind.ERROR, outcome.touched) if outcome.error else (plan.kind, plan.request_ids)
-        record = TickRecord(start_ms, end_ms, plan.action, kind, ids)
+        record = TickRecord(start_ms, end_ms, plan.action, kind, ids, _prefill_tokens(plan) if
+                            kind is TickKind.CHUNK else ())
         self._book_job(plan, outcome)
         self.policy.observe(plan, outcome, record, self)
         obs = self.obs
@@ -182,9 +228,8 @@ class Scheduler:
         obs.drafted_tokens += outcome.drafted
         obs.accepted_tokens += outcome.accepted
         num_waiting = self._book_hol(plan, outcome, record.wall_ms)
-        if plan.kind is TickKind.ADMIT and not plan.rows[0].is_finished:
-            plan.rows[0].state = RequestState.RUNNING
-            self.running.append(plan.rows[0])
+        if plan.job is None and plan.kind in (TickKind.ADMIT, TickKind.CHUNK):
+            self._book_prefill(plan.rows)
         emissions, self._reaped = self._reaped + outcome.emissions, []
         outcomes: dict[str, RequestOutcome] = {}
         for e in emissions:
@@ -197,6 +242,34 @@ class Scheduler:
         deltas = TickDeltas(outcome.rounds, outcome.drafted, outcome.accepted, int(bool(outcome.spec_rows)),
                             tuple(samples), num_waiting)
         return Committed(record, events, deltas)
+
+    def _book_flags(self, plan: Plan) -> None:
+        """The yield flag (upstream's rule); with chunking a prefill is one piece of a classic gap,
+        not its end: with decode rows waiting it keeps the flag (one speculative action per gap),
+        and a speculative prefill is itself a speculative action."""
+        flag = next_yield_flag(self.last_was_spec, plan.action)
+        if plan.action is ActionKind.PREFILL and self.config.is_chunked:
+            is_spec_prefill = plan.kind in SPEC_PREFILLS and plan.job is not None
+            flag = is_spec_prefill or (self.last_was_spec and plan.state.num_running > 0)
+        self.last_was_spec = flag
+        if plan.action in (ActionKind.DECODE, ActionKind.FUSED):
+            self.last_was_prefill = False
+        elif plan.action is ActionKind.PREFILL and plan.spans:
+            self.last_was_prefill = True
+
+    def _book_prefill(self, rows: tuple[Request, ...]) -> None:
+        """Classic rows whose prompt is all in join the decode batch; the others keep prefilling."""
+        for request in rows:
+            if request.is_finished:
+                continue  # ended in its first token or failed: finalized below
+            if request.num_prefilled == len(request.prompt_token_ids):
+                if request.state is RequestState.PREFILLING:
+                    self.prefilling.remove(request)
+                request.state = RequestState.RUNNING
+                self.running.append(request)
+            elif request.state is not RequestState.PREFILLING:
+                request.state = RequestState.PREFILLING
+                self.prefilling.append(request)
 
     def _book_job(self, plan: Plan, outcome: Outcome) -> None:
         """The served job leaves the slot when done, or parks when its grant expired (rotation)."""
@@ -242,7 +315,8 @@ class Scheduler:
         """Cancelled requests leave the queue, the batch and the backlog before the next action."""
         if not self._cancelled:
             return
-        doomed = [r for r in self._cancelled.values() if r.state in (RequestState.WAITING, RequestState.RUNNING)]
+        doomed = [r for r in self._cancelled.values()
+                  if r.state in (RequestState.WAITING, RequestState.RUNNING, RequestState.PREFILLING)]
         if len(self.backlog):
             for job in self.backlog.drop_cancelled():
                 self.obs.log_grant("drop:" + ",".join(job.ids))
@@ -254,6 +328,8 @@ class Scheduler:
             elif request.state is RequestState.RUNNING:
                 self.running.remove(request)
                 self._hol_samples += self._hol.leave_batch()
+            elif request.state is RequestState.PREFILLING:
+                self.prefilling.remove(request)
             request.state = RequestState.FINISHED
             request.finish_reason = FinishReason.STOP
             self._reaped.append(Emission(request.id, (), FinishReason.STOP))
@@ -262,6 +338,8 @@ class Scheduler:
         if request in self.running:  # a batch row that failed
             self.running.remove(request)
             self._hol_samples += self._hol.leave_batch()
+        elif request in self.prefilling:  # its prefill failed
+            self.prefilling.remove(request)
         self.kv.release(request.id)
         del self.requests[request.id]
         self._cancelled.pop(request.id, None)
@@ -279,6 +357,12 @@ def _shape_key(ragged: bool) -> ShapeKey:
     def key(r: Request) -> Hashable:
         return (None if ragged else len(r.prompt_token_ids), r.max_tokens, r.sampling)
     return key
+
+
+def _prefill_tokens(plan: Plan) -> tuple[int, ...]:
+    """Prompt tokens each row of the tick record prefilled (0 for a row that only waited)."""
+    done = {s.request.id: s.stop - s.start for s in plan.spans}
+    return tuple(done.get(seq_id, 0) for seq_id in plan.request_ids)
 
 
 def _merge(emissions: list[Emission]) -> list[Emission]:

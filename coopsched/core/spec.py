@@ -49,6 +49,7 @@ class SpecJob:
     grant_slices: int = 0   # slices since its current grant (rotation)
     skips: int = 0          # grants it lost while parked (rotation)
     last_worked: list[str] = field(default_factory=list)  # rows that did model work last slice
+    firsts: dict[str, int] = field(default_factory=dict)  # chunked slice 0: first tokens of rows done early
 
     def __post_init__(self) -> None:
         for request in self.rows:
@@ -87,15 +88,34 @@ class SpecJob:
         self.last_worked = [r.id for r in rows]
         return out
 
-    def start_round(self) -> tuple[list[Emission], list[Request]]:
-        """Cancelled rows stop before any draft; returns their finish emissions and the rows to draft."""
+    def stop_cancelled(self) -> list[Emission]:
+        """Cancelled rows finish before the slice does any model work for them."""
         stopped = []
-        self.last_worked = []
         for request in self.live_rows:
             if request.is_cancelled:
                 request.state = RequestState.FINISHED
                 request.finish_reason = FinishReason.STOP
+                self.firsts.pop(request.id, None)
                 stopped.append(Emission(request.id, (), FinishReason.STOP))
+        return stopped
+
+    def finish_chunk(self, rows: list[Request], done: Sequence[tuple[str, int | None]], eos_token_id: int,
+                     detokenize: Detokenize) -> list[Emission]:
+        """One chunk of slice 0 ran for `done` (seq_id, first token if its prompt is now all in): a
+        slice. Once every row has its first token, slice 0 ends as `finish_slice0` (all at once)."""
+        for seq_id, first in done:
+            if first is not None:
+                self.firsts[seq_id] = first
+        if rows and all(r.id in self.firsts for r in rows):
+            return self.finish_slice0(rows, [self.firsts.pop(r.id) for r in rows], eos_token_id, detokenize)
+        self.grant_slices += 1
+        self.last_worked = [seq_id for seq_id, _ in done]
+        return []
+
+    def start_round(self) -> tuple[list[Emission], list[Request]]:
+        """Cancelled rows stop before any draft; returns their finish emissions and the rows to draft."""
+        self.last_worked = []
+        stopped = self.stop_cancelled()
         rows = self.live_rows
         for request in rows:  # a job re-granted after rotation comes back from PARKED
             request.state = RequestState.SPECULATIVE

@@ -32,6 +32,7 @@ class TickKind(enum.Enum):
     ROUND = "round"      # one speculative round of the active job
     GRANT = "grant"      # a round of a job re-granted the slot after rotation
     FUSED = "fused"      # classic decode rows and a speculative verify in one forward
+    CHUNK = "chunk"      # chunked prefill: a piece of a prompt prefilled across ticks (classic or slice 0)
     DECODE = "decode"    # one batched step of the classic rows
     IDLE = "idle"
     ERROR = "error"      # a model call failed; only its rows ended
@@ -48,6 +49,7 @@ class TickKind(enum.Enum):
 
 
 SPEC_ADMISSIONS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST})
+PREFILL_KINDS = frozenset({TickKind.ADMIT, TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST, TickKind.CHUNK})
 
 
 class FinishReason(str, enum.Enum):
@@ -62,10 +64,12 @@ class TickState(NamedTuple):
     num_running: int = 0             # classic rows in the decode batch
     max_batch_size: int = 8
     num_admissible: int = 0          # queued requests that could be admitted now (a KV slot is free)
-    has_parked_prefill: bool = False  # a chunked prefill in progress (none in this reference)
+    has_parked_prefill: bool = False  # a classic chunked prefill in progress (its rows wait to join the batch)
     last_was_spec: bool = False      # the yield flag
     num_queued: int = 0              # every queued request, admissible or not
     num_free_slots: int = 0          # KV slots free
+    prefill_yields: bool = False     # chunking: a prefill ran since the batch was served; the decode rows go next
+    spec_prefilling: bool = False    # chunking: the active job's slice 0 is unfinished (a chunk, never fused)
 
 
 class Emission(NamedTuple):
@@ -134,14 +138,18 @@ class TickRecord(NamedTuple):
     action: ActionKind
     kind: TickKind
     request_ids: tuple[str, ...]
+    prefill_tokens: tuple[int, ...] = ()  # chunk ticks: prompt tokens each row prefilled (by request_ids)
 
     @property
     def wall_ms(self) -> float:
         return self.end_ms - self.start_ms
 
     def to_json(self) -> dict[str, object]:
-        return {"start_ms": self.start_ms, "end_ms": self.end_ms, "action": self.action.value,
-                "request_ids": list(self.request_ids), "detail": self.kind.detail}
+        out: dict[str, object] = {"start_ms": self.start_ms, "end_ms": self.end_ms, "action": self.action.value,
+                                  "request_ids": list(self.request_ids), "detail": self.kind.detail}
+        if self.kind is TickKind.CHUNK:
+            out["prefill_tokens"] = list(self.prefill_tokens)
+        return out
 
 
 @dataclass(slots=True)

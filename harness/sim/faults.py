@@ -98,6 +98,17 @@ class FaultyBackend:
         self._gate("prefill", (seq_id,))
         return self.inner.prefill(seq_id, prompt, params, with_draft)
 
+    def prefill_batch(self, rows):
+        """Logged and faulted as a `prefill` of every row of the call (one forward)."""
+        for row in rows:
+            if row.start == 0:
+                for marker, kind, calls, skip in self.prompt_rules:
+                    if marker in self.inner.detokenize(row.prompt):
+                        for call in calls:
+                            self.arm(Fault(kind, call, row.seq_id, skip=skip))
+        self._gate("prefill", tuple(row.seq_id for row in rows))
+        return self.inner.prefill_batch(rows)
+
     def decode(self, rows):
         self._gate("decode", tuple(r[0] for r in rows))
         return self.inner.decode(rows)

@@ -13,6 +13,8 @@ Unmeasured costs: at most one speculative action per classic gap (a probe, at th
 smallest K, right after a classic service), so the arbiter is never worse than
 strict alternation. A budget below the floor (one decode + the smallest round)
 cannot be met: the arbiter then alternates at the smallest K rather than starve.
+A chunked slice 0 is budgeted like a round: its next chunk's cost is learnt from
+the chunks and slice 0s measured (a prefill with the drafter, by tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..plan import Plan
-from ..policy import Decision, SchedulerView, decide_action
+from ..policy import Decision, SchedulerView, decide_action, wants_prefill
 from ..request import Request
 from ..spec import SpecJob
 from ..types import ActionKind, Outcome, TickKind, TickRecord, TickState
@@ -62,10 +64,11 @@ class CostPolicy:
         self.is_sliced = config.draft_kind != "dflash"
         self.budget_ms = config.hol_budget_ms
         self.max_k = config.block_size
+        self.chunk_tokens = config.prefill_chunk_tokens  # 0: a slice 0 prefills its whole prompt
         self.k = config.block_size              # K of the next round
         self.decode = CostEstimator()           # (batch size,)
         self.round = CostEstimator()            # (K, rows)
-        self.slice0 = CostEstimator()           # (prompt tokens of the job,)
+        self.slice0 = CostEstimator()           # (prompt tokens a slice 0 or one chunk of it prefills,)
         self.now_ms = 0.0                       # end of the last committed tick
         self.num_accepted = 0                   # drafts accepted, and rounds that hit a miss:
         self.num_missed = 0                     # per-draft acceptance ~ accepted / (accepted + missed)
@@ -86,16 +89,15 @@ class CostPolicy:
         spec_in_gap = bool(running) and self._last_spec_tick > oldest
         if not state.has_spec_work and not spec_in_gap:
             return decide_action(state)
-        can_admit = state.num_running < state.max_batch_size and state.num_admissible > 0
         if not running:
-            if can_admit or state.has_parked_prefill:
+            if wants_prefill(state):
                 return ActionKind.PREFILL
             if not state.has_spec_work:
                 return ActionKind.IDLE
             self.k = self._choose_k(_num_rows(sched), float("inf")) or MIN_BLOCK_SIZE  # no one waits
             return ActionKind.SPEC_ROUND
-        if can_admit and not spec_in_gap:
-            return ActionKind.PREFILL  # admissions go right after a classic service
+        if wants_prefill(state) and not spec_in_gap:
+            return ActionKind.PREFILL  # admissions (and chunks) go right after a classic service
         if state.has_spec_work and self._fit(sched, running, is_fresh=oldest == self._tick):
             return ActionKind.SPEC_ROUND
         return ActionKind.DECODE
@@ -119,7 +121,7 @@ class CostPolicy:
                 return True
             smallest = self.round.estimate((MIN_BLOCK_SIZE, num_rows))
         else:  # a granted waiter's slice 0 (a prefill of its prompt), or a begun job at full K
-            costs = [self.slice0.estimate((_prompt_tokens(j),)) if not j.is_begun
+            costs = [self.slice0.estimate((_slice0_tokens(j, self.chunk_tokens),)) if not j.is_begun
                      else self.round.estimate((self.max_k, len(j.live_rows))) for j in jobs]
             known = [c for c in costs if c is not None]
             smallest = max(known) if len(known) == len(costs) else None
@@ -159,6 +161,10 @@ class CostPolicy:
         if record.action is ActionKind.DECODE or record.kind is TickKind.ADMIT:
             for seq_id in record.request_ids:
                 self._served[seq_id] = (self._tick, record.end_ms)
+        elif record.kind is TickKind.CHUNK and plan.job is None:  # rows whose prompt is now all in
+            for request in plan.rows:
+                if request.num_prefilled == len(request.prompt_token_ids):
+                    self._served[request.id] = (self._tick, record.end_ms)
         for book in (self._served, self._seen_accepted):
             for seq_id in [s for s in book if s not in sched.requests]:
                 del book[seq_id]  # rows finalized since
@@ -170,6 +176,8 @@ class CostPolicy:
             self.round.observe((k, len(outcome.spec_rows)), record.wall_ms)
             self.k_log.append(k)
             self._count_acceptance(plan.job, outcome.spec_rows, k)
+        elif record.kind is TickKind.CHUNK:
+            self.slice0.observe((max(sum(record.prefill_tokens), 1),), record.wall_ms)
         elif record.kind in (TickKind.SLICE0, TickKind.WINDOW) or record.action is ActionKind.SPEC_ROUND:
             tokens = sum(len(sched.requests[i].prompt_token_ids) for i in outcome.spec_rows
                          if i in sched.requests)
@@ -194,5 +202,7 @@ def _num_rows(sched: SchedulerView) -> int:
     return max((len(j.live_rows) for j in _next_jobs(sched)), default=1) or 1
 
 
-def _prompt_tokens(job: SpecJob) -> int:
-    return sum(len(r.prompt_token_ids) for r in job.rows)
+def _slice0_tokens(job: SpecJob, chunk_tokens: int) -> int:
+    """Prompt tokens the job's next slice 0 tick prefills: the rest of its prompts, or one chunk."""
+    rest = sum(len(r.prompt_token_ids) - r.num_prefilled for r in job.rows)
+    return min(rest, chunk_tokens) if chunk_tokens > 0 else rest

@@ -4,7 +4,8 @@ With speculative work pending and classic rows running, every classic tick is a
 Fused tick: the drafter runs first, then one forward decodes the classic rows
 and verifies the job's rows together, so a classic row never waits on a round
 and its stall is one fused step. Admissions still come first (as in every mode),
-and a slice 0 (a prefill) cannot share the decode forward: it takes its own tick.
+and a slice 0 (a prefill) cannot share the decode forward: it takes its own tick;
+a chunked slice 0 alternates its chunks with plain decode steps.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan import Plan
-from ..policy import Decision, SchedulerView, decide_action
+from ..policy import Decision, SchedulerView, decide_action, wants_prefill
 from ..types import ActionKind, Outcome, TickRecord, TickState
 
 
@@ -20,8 +21,10 @@ def decide_fused(state: TickState) -> ActionKind:
     """Admission first; then a fused step while classic rows run; a lone job takes every tick."""
     if not state.has_spec_work:
         return decide_action(state)
-    if state.num_running < state.max_batch_size and state.num_admissible > 0:
+    if wants_prefill(state):
         return ActionKind.PREFILL
+    if state.spec_prefilling and state.num_running > 0:  # a chunk cannot be fused: alternate with decode
+        return ActionKind.DECODE if state.last_was_spec else ActionKind.SPEC_ROUND
     if state.num_running > 0:
         return ActionKind.FUSED
     return ActionKind.SPEC_ROUND
