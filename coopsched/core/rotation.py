@@ -40,16 +40,20 @@ class Backlog:
         self._entries = [j for j in self._entries if j not in dropped]
         return dropped
 
-    def grant(self) -> SpecJob | None:
-        """Pop the winner of the next grant; every entry left behind counts a skip."""
+    def next_grant(self) -> SpecJob | None:
+        """The entry the next grant would pick (nothing changes)."""
         if not self._entries:
             return None
         overdue = [j for j in self._entries if j.skips >= self.skip_cap]
         if overdue:
-            winner = overdue[0]
-        else:
-            winner = min(self._entries, key=lambda j: (min(r.priority for r in j.rows),
-                                                       self._entries.index(j)))
+            return overdue[0]
+        return min(self._entries, key=lambda j: (min(r.priority for r in j.rows), self._entries.index(j)))
+
+    def grant(self) -> SpecJob | None:
+        """Pop the winner of the next grant; every entry left behind counts a skip."""
+        winner = self.next_grant()
+        if winner is None:
+            return None
         self._entries.remove(winner)
         for job in self._entries:
             job.skips += 1

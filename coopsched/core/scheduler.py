@@ -104,13 +104,14 @@ class Scheduler:
         num_admitted = len(self.running) + len(self.prefilling)  # prefilling rows join the batch when done
         has_room = num_free and num_admitted < self.config.max_batch_size
         chunked = self.config.is_chunked
+        upcoming = (self.job or self.backlog.next_grant()) if chunked else None  # the next speculative job
         return TickState(has_spec_work=self.has_spec_work, num_running=len(self.running),
                          max_batch_size=self.config.max_batch_size,
                          num_admissible=num_queued if has_room else 0,
                          has_parked_prefill=bool(self.prefilling), last_was_spec=self.last_was_spec,
                          num_queued=num_queued, num_free_slots=num_free,
                          prefill_yields=chunked and self.last_was_prefill,
-                         spec_prefilling=chunked and self.job is not None and not self.job.is_begun)
+                         spec_prefilling=upcoming is not None and not upcoming.is_begun)
 
     # -- planning -------------------------------------------------------------
     def schedule(self) -> Plan:

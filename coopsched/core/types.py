@@ -69,7 +69,7 @@ class TickState(NamedTuple):
     num_queued: int = 0              # every queued request, admissible or not
     num_free_slots: int = 0          # KV slots free
     prefill_yields: bool = False     # chunking: a prefill ran since the batch was served; the decode rows go next
-    spec_prefilling: bool = False    # chunking: the active job's slice 0 is unfinished (a chunk, never fused)
+    spec_prefilling: bool = False    # chunking: the next speculative job's slice 0 is unfinished (never fused)
 
 
 class Emission(NamedTuple):

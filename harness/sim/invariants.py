@@ -6,18 +6,21 @@ engine does) over a `FaultyBackend` around a MockBackend in virtual time, and ra
 and are held exactly by admitted requests, every live request is in exactly one
 place, one action (and at most one speculative job) per tick, strict alternation in
 slice mode, streamed tokens equal committed ones with one finish event each, finished
-outputs equal the mock's reference tokens, errors only where a fault hit.
+outputs equal the mock's reference tokens, errors only where a fault hit. Chunked and
+batched prefill: a tick prefills within its budget and row cap, a round never drafts a
+row whose prompt is not all in, and with chunking a classic gap holds at most one
+prefill tick (and, in slice and fused mode, one speculative round or chunk).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from coopsched.core import ActionKind, FinishReason, Request, RequestState, Scheduler
+from coopsched.core import ActionKind, FinishReason, Request, RequestState, Scheduler, TickKind
 from coopsched.executor import Executor
 from mocks.model import context_hash, extend_hash
 
-ADMITTED = (RequestState.RUNNING, RequestState.SPECULATIVE, RequestState.PARKED)
+ADMITTED = (RequestState.RUNNING, RequestState.PREFILLING, RequestState.SPECULATIVE, RequestState.PARKED)
 ALLOWED_CALLS = {  # model calls each action may make (burst and slice 0 run inside Prefill)
     ActionKind.IDLE: set(),
     ActionKind.DECODE: {"decode"},
@@ -60,6 +63,9 @@ class Checked:
         self.doomed: set[str] = set()      # rows a raising fault hit: they must end in ERROR
         self.num_ticks = 0
         self.actions: Counter = Counter()
+        self.kinds: Counter = Counter()    # tick kinds (chunk ticks, batched prefills)
+        self._gap_prefills = 0             # chunking: prefill ticks since the decode rows were served
+        self._gap_spec = 0                 # ... and speculative ticks
         self.kv_full_ticks = 0
         self._last_action: ActionKind | None = None
         self._in_tick = False
@@ -98,7 +104,7 @@ class Checked:
         self.faulty.take_calls()  # calls outside a tick (none expected) are not this tick's
         plan = sched.schedule()
         state = plan.state
-        classic_pending = state.num_running > 0 or state.num_admissible > 0
+        classic_pending = state.num_running > 0 or state.num_admissible > 0 or state.has_parked_prefill
         if state.num_queued > 0 and state.num_free_slots == 0:
             self.kv_full_ticks += 1
         start = self.clock.now()
@@ -111,9 +117,13 @@ class Checked:
         record, events = committed.record, committed.events
         self.num_ticks += 1
         self.actions[record.action.value] += 1
+        self.kinds[record.kind.value] += 1
+        if record.kind is TickKind.ADMIT and len(record.request_ids) > 1:
+            self.kinds["admit-batch"] += 1
         where = f"tick {self.num_ticks} ({record.action.value} {record.kind.value} {','.join(record.request_ids)})"
         calls = self.faulty.take_calls()
         self._check_action(plan, calls, classic_pending, where)
+        self._check_prefill(plan, calls, where)
         self._collect_faults()
         self._check_events(events, where)
         self._check_doomed(where)
@@ -148,6 +158,30 @@ class Checked:
             self._fail(where, "a classic row with pending work waited two speculative rounds in a row")
         if action is not ActionKind.IDLE:
             self._last_action = action
+
+    def _check_prefill(self, plan, calls, where) -> None:
+        config = self.scheduler.config
+        if plan.job is None and plan.spans and len(plan.spans) > config.max_batch_prefill:
+            self._fail(where, f"{len(plan.spans)} rows prefilled together > max_batch_prefill")
+        if not config.is_chunked:
+            return
+        drafted = {i for kind, ids in calls if kind in ("draft", "verify") for i in ids}
+        for request in (plan.job.rows if plan.job is not None else []):
+            if request.id in drafted and request.num_prefilled != len(request.prompt_token_ids):
+                self._fail(where, f"{request.id} drafted with {request.num_prefilled} of its "
+                                  f"{len(request.prompt_token_ids)} prompt tokens prefilled")
+        tokens = sum(s.stop - s.start for s in plan.spans)
+        if tokens > config.prefill_chunk_tokens:
+            self._fail(where, f"{tokens} prompt tokens prefilled in one tick > the chunk budget")
+        if plan.state.num_running == 0 or plan.action in (ActionKind.DECODE, ActionKind.FUSED):
+            self._gap_prefills = self._gap_spec = 0  # the decode rows were served (or none waited)
+            return
+        self._gap_prefills += plan.action is ActionKind.PREFILL and bool(plan.spans)
+        self._gap_spec += plan.action is ActionKind.SPEC_ROUND
+        if self._gap_prefills > 1:
+            self._fail(where, "a decode row waited two prefill ticks in a row (chunking)")
+        if self._gap_spec > 1 and config.mode in ("slice", "fused") and config.is_sliced:
+            self._fail(where, "a decode row waited two speculative ticks in one gap (chunking)")
 
     def _check_events(self, events, where) -> None:
         for event in events:
@@ -214,6 +248,9 @@ class Checked:
         for request in sched.running:
             places[request.id] += 1
             states[request.id] = RequestState.RUNNING
+        for request in sched.prefilling:
+            places[request.id] += 1
+            states[request.id] = RequestState.PREFILLING
         jobs = [sched.job] if sched.job is not None else []
         for job in [*jobs, *sched.backlog]:
             for request in job.live_rows:
@@ -235,8 +272,9 @@ class Checked:
                 self._fail(where, f"{seq_id} ({request.state.value}) holds_slot={kv.holds(seq_id)}")
         if set(places) != set(sched.requests):
             self._fail(where, f"requests placed but not live: {sorted(set(places) - set(sched.requests))}")
-        if len(sched.running) > sched.config.max_batch_size:
-            self._fail(where, f"{len(sched.running)} classic rows > max_batch_size")
+        if len(sched.running) + len(sched.prefilling) > sched.config.max_batch_size:
+            self._fail(where, f"{len(sched.running)} classic rows + {len(sched.prefilling)} prefilling "
+                              "> max_batch_size")
         live_caches = set(getattr(self.mock, "_seqs", {}))
         if not live_caches <= set(sched.requests):
             self._fail(where, f"backend caches leaked for {sorted(live_caches - set(sched.requests))}")
@@ -247,5 +285,5 @@ class Checked:
     def summary(self) -> dict:
         reasons = Counter(r.value for r in self.finished.values())
         return {"ticks": self.num_ticks, "requests": len(self.submitted), "finished": dict(reasons),
-                "actions": dict(self.actions), "kv_full_ticks": self.kv_full_ticks,
+                "actions": dict(self.actions), "kinds": dict(self.kinds), "kv_full_ticks": self.kv_full_ticks,
                 "faults": Counter(f"{f.kind}:{f.call}" for f, _ in self.faulty.fired)}

@@ -1,7 +1,8 @@
 """`coopsched simulate`: seeded deterministic simulation with faults, in virtual time.
 
-Each seed builds a random scheduler config (every mode) and a small workload: bursty
-arrivals, mixed lengths, priorities, stop strings, plus the faults asked for (cancels,
+Each seed builds a random scheduler config (every mode, chunked and batched prefill
+drawn from a generator of their own, so the other draws stay as they were) and a small
+workload: bursty arrivals, mixed lengths, priorities, stop strings, plus the faults asked for (cancels,
 disconnects inside a model call and between draft and verify, KV exhaustion and
 oversized requests, a drafter outage, a backend that fails one request). Every tick
 is checked (harness.sim.invariants); a failing seed prints a one-line replay command.
@@ -68,8 +69,18 @@ def replay_command(seed: int, faults: tuple[str, ...]) -> str:
 
 
 # -- one seed ------------------------------------------------------------------
-def build(seed: int, faults: tuple[str, ...]):
-    """The checked scheduler and the seed's timeline: (time_ms, kind, payload), sorted."""
+def prefill_knobs(seed: int) -> dict:
+    """Chunked and batched prefill for a seed (half the seeds keep the defaults): prompts here
+    are 1-12 tokens, so chunks of 1-8 split most of them."""
+    rng = random.Random(f"prefill:{seed}")
+    if rng.random() < 0.5:
+        return {}
+    return {"prefill_chunk_tokens": rng.choice((0, 1, 2, 3, 5, 8)), "max_batch_prefill": rng.randint(1, 4)}
+
+
+def build(seed: int, faults: tuple[str, ...], knobs: bool = True):
+    """The checked scheduler and the seed's timeline: (time_ms, kind, payload), sorted.
+    `knobs=False` keeps prefill at its defaults (the runs stored before chunking existed)."""
     from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
     rng = random.Random(seed)
@@ -79,7 +90,8 @@ def build(seed: int, faults: tuple[str, ...]):
         num_kv_slots=rng.randint(1, 3) if tight else rng.randint(2, 8),
         slot_tokens=rng.randint(12, 26) if "kv" in faults else 64, block_size=rng.randint(2, 5),
         grant_rounds=rng.choice((0, 1, 2, 8)), backlog_cap=rng.randint(1, 3),
-        enable_batch=rng.random() < 0.4, enable_ragged=rng.random() < 0.3)
+        enable_batch=rng.random() < 0.4, enable_ragged=rng.random() < 0.3,
+        **(prefill_knobs(seed) if knobs else {}))
     clock = ManualClock()
     cost = CostModel.simple(rng.choice((2.0, 5.0)), rng.choice((10.0, 30.0)), 0.2, config.block_size)
     drafter = MockDrafter(rng.choice((0.0, 0.5, 0.8, 1.0)), seed=seed)
@@ -125,9 +137,9 @@ def _plan_faults(rng: random.Random, timeline: list, t: float, seq_id: str, faul
                                             persistent=rng.random() < 0.5)))
 
 
-def run_seed(seed: int, faults: tuple[str, ...], counts: Counter | None = None) -> Counter:
+def run_seed(seed: int, faults: tuple[str, ...], counts: Counter | None = None, knobs: bool = True) -> Counter:
     """Simulate one seed; raise InvariantError (or the scheduler's own exception) on a violation."""
-    checked, timeline = build(seed, faults)
+    checked, timeline = build(seed, faults, knobs)
     sched, clock, faulty = checked.scheduler, checked.clock, checked.faulty
     outage = Fault("generic", "draft", ANY, persistent=True)
     counts = Counter() if counts is None else counts
@@ -174,17 +186,25 @@ def run_seed(seed: int, faults: tuple[str, ...], counts: Counter | None = None) 
     counts["waiter_parks"] += sched.obs.waiter_parks
     for reason, n in summary["finished"].items():
         counts[f"finish:{reason}"] += n
+    config = sched.config
+    if config.is_chunked or config.max_batch_prefill > 1:  # keys only where used: stored counts stay valid
+        counts["prefill:chunked-seeds"] += config.is_chunked
+        counts["prefill:batched-seeds"] += config.max_batch_prefill > 1
+        for kind in ("chunk", "admit-batch"):
+            counts[f"prefill:{kind}-ticks"] += summary["kinds"].get(kind, 0)
     for fault, n in summary["faults"].items():
         counts[f"fired:{fault}"] += n
     return counts
 
 
-def run_chunk(args: tuple[int, int, tuple[str, ...]]) -> Outcome:
-    start, stop, faults = args
+def run_chunk(args: tuple) -> Outcome:
+    """Seeds [start, stop) with `faults`; an optional fourth item False keeps prefill at its defaults."""
+    start, stop, faults, *rest = args
+    knobs = rest[0] if rest else True
     outcome = Outcome()
     for seed in range(start, stop):
         try:
-            run_seed(seed, faults, outcome.counts)
+            run_seed(seed, faults, outcome.counts, knobs)
         except Exception as exc:  # any exception is a finding: report the seed, keep going
             kind = "" if isinstance(exc, InvariantError) else f"{type(exc).__name__}: "
             where = traceback.extract_tb(exc.__traceback__)[-1]
@@ -268,7 +288,9 @@ def print_summary(console, outcome: Outcome, faults, elapsed: float, args) -> No
     rows += [("KV-full ticks (admission waited)", c["kv_full_ticks"]),
              ("refused: too long for a slot", c["refused:too-long"]),
              ("rotations / waiter parks", f"{c['rotations']} / {c['waiter_parks']}"),
-             ("cancel events (between ticks)", c["event:cancel"]), ("drafter outages", c["event:drafter-down"])]
+             ("cancel events (between ticks)", c["event:cancel"]), ("drafter outages", c["event:drafter-down"]),
+             ("seeds with chunked / batched prefill", f"{c['prefill:chunked-seeds']} / {c['prefill:batched-seeds']}"),
+             ("chunk ticks / batched admissions", f"{c['prefill:chunk-ticks']} / {c['prefill:admit-batch-ticks']}")]
     rows += [(k.replace("fired:", "fault fired: "), v) for k, v in sorted(c.items()) if k.startswith("fired:")]
     for name, value in rows:
         table.add_row(name, str(value))
