@@ -44,9 +44,11 @@ class Executor:
     def __init__(self, backend: ModelBackend) -> None:
         self.backend = backend
         self.release_errors: list[str] = []  # a failed release frees the slot anyway; kept for logs
+        self._live_job_rows: frozenset[str] = frozenset()  # the job's rows live when the tick began
 
     def run(self, plan: Plan) -> Outcome:
         out = Outcome()
+        self._live_job_rows = frozenset(r.id for r in plan.job.live_rows) if plan.job is not None else frozenset()
         try:
             self._run(plan, out)
         except BackendError as exc:
@@ -162,7 +164,9 @@ class Executor:
         cancel reaped at the top of a round) still gets its finish event.
         """
         job = plan.job
-        job_rows = job.rows if job is not None and plan.kind is not TickKind.PARK else []
+        # a window row that finished in an earlier tick was finalized then: it is not this tick's
+        job_rows = ([r for r in job.rows if r.id in self._live_job_rows]
+                    if job is not None and plan.kind is not TickKind.PARK else [])
         by_id = {r.id: r for r in [*plan.rows, *job_rows]}
         failed = [by_id[i] for i in exc.seq_ids if i in by_id]
         for request in failed:
