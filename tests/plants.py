@@ -95,7 +95,28 @@ def _burst_drops_earlier_rounds(mp):
     mp.setattr(executor_module.Executor, "_contain", forgetting)
 
 
-# name -> (plant, fault mix for `coopsched simulate` that exercises the handling it removes)
+def _chunk_progress_kept(mp):
+    """A failed chunk of slice 0 frees the siblings' caches but keeps their prefill progress."""
+    contain = executor_module.Executor._contain
+
+    def remembering(self, plan, out, exc):
+        rows = [r for r in plan.job.live_rows] if plan.job is not None else []
+        progress = {r.id: r.num_prefilled for r in rows}
+        contain(self, plan, out, exc)
+        for request in rows:
+            if not request.is_finished:
+                request.num_prefilled = progress[request.id]
+    mp.setattr(executor_module.Executor, "_contain", remembering)
+
+
+def _prefill_never_yields(mp):
+    """With chunking, a prefill tick never hands the next tick to the decode rows."""
+    tick_state = scheduler_module.Scheduler.tick_state
+    mp.setattr(scheduler_module.Scheduler, "tick_state", lambda self: tick_state(self)._replace(prefill_yields=False))
+
+
+# name -> (plant, fault mix for `coopsched simulate` that exercises the handling it removes;
+# None: too rare in its seeds, so a scripted test shows it instead)
 PLANTS = {
     "yield-flag": (_yield_flag, "none"),
     "slot-release": (_slot_release, "none"),
@@ -107,10 +128,12 @@ PLANTS = {
     "plain-exception-escapes": (_plain_exception_escapes, "backend,drafter"),
     "window-commits-early": (_window_commits_early, "backend"),
     "burst-drops-earlier-rounds": (_burst_drops_earlier_rounds, "backend"),
+    "chunk-progress-kept": (_chunk_progress_kept, None),  # a window's later chunk failing
+    "prefill-never-yields": (_prefill_never_yields, "none"),
 }
 
 
-def apply(name: str, monkeypatch) -> str:
+def apply(name: str, monkeypatch) -> str | None:
     """Plant the bug; return its fault mix."""
     plant, faults = PLANTS[name]
     plant(monkeypatch)

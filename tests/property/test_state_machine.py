@@ -147,6 +147,7 @@ def _hunt() -> BaseException:
     ("cancelled-row-decoded", "after its cancel took effect"),
     ("error-not-contained", "injected"),
     ("plain-exception-escapes", "injected"),
+    ("prefill-never-yields", "waited two prefill ticks in a row"),
 ])
 def test_the_machine_catches_a_planted_bug(plant, expected, monkeypatch):
     apply(plant, monkeypatch)

@@ -28,6 +28,13 @@ K = 4
     pytest.param(TickState(has_spec_work=True, num_admissible=1), P, id="admission-before-lone-round"),
     pytest.param(TickState(has_spec_work=True, num_running=8, max_batch_size=8, num_admissible=1), F,
                  id="full-batch-fuses"),
+    pytest.param(TickState(has_spec_work=True, num_running=1, spec_prefilling=True), S, id="chunk-of-slice0"),
+    pytest.param(TickState(has_spec_work=True, num_running=1, spec_prefilling=True, last_was_spec=True), D,
+                 id="decode-between-slice0-chunks"),
+    pytest.param(TickState(has_spec_work=True, spec_prefilling=True, last_was_spec=True), S,
+                 id="slice0-chunks-alone-back-to-back"),
+    pytest.param(TickState(has_spec_work=True, num_running=1, has_parked_prefill=True, prefill_yields=True), F,
+                 id="fused-after-a-classic-chunk"),
 ])
 def test_decide_fused(state, expected):
     assert decide_fused(state) is expected

@@ -24,6 +24,16 @@ P, D, S, I = ActionKind.PREFILL, ActionKind.DECODE, ActionKind.SPEC_ROUND, Actio
                  id="classic-turn-parked-prefill"),
     pytest.param(TickState(has_spec_work=True, num_running=1, num_admissible=0, last_was_spec=False), S,
                  id="kv-full-queue-is-no-work"),
+    # chunked prefill: a prefill under way goes on beside decode rows, one prefill tick per gap
+    pytest.param(TickState(num_running=2, has_parked_prefill=True), P, id="chunk-goes-on-beside-decode"),
+    pytest.param(TickState(num_running=2, has_parked_prefill=True, prefill_yields=True), D,
+                 id="decode-after-a-chunk"),
+    pytest.param(TickState(num_running=2, num_admissible=3, prefill_yields=True), D, id="decode-after-an-admission"),
+    pytest.param(TickState(num_admissible=3, prefill_yields=True), P, id="no-decode-rows-no-yield"),
+    pytest.param(TickState(has_spec_work=True, num_running=1, has_parked_prefill=True, last_was_spec=True), P,
+                 id="chunk-after-a-round"),
+    pytest.param(TickState(has_spec_work=True, num_running=1, has_parked_prefill=True, last_was_spec=True,
+                           prefill_yields=True), D, id="round-and-chunk-then-decode"),
 ])
 def test_decide_action(state, expected):
     assert decide_action(state) is expected
