@@ -1,11 +1,12 @@
 """Greedy parity, generated: a speculative stream equals the same request decoded classically,
-whatever the drafter proposes, at B = 1 and in batched windows, in burst and slice mode."""
+whatever the drafter proposes, at B = 1 and in batched windows, in burst and slice mode; and
+chunked or batched prefill changes no token, in any mode."""
 
 from factories import make_backend, make_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coopsched.core import Request
+from coopsched.core import MODES, Request
 from mocks import MockTarget
 
 prompts = st.lists(st.integers(32, 126), min_size=1, max_size=20).map(tuple)
@@ -60,3 +61,31 @@ def test_parity_check_catches_a_missing_rollback(monkeypatch):
     monkeypatch.setattr(MockBackend, "rewind", lambda self, seq_id, n: None)
     checks = {c["name"]: c for c in runner.run_scenario(scenario.load("concurrency2"), "slice")["checks"]}
     assert not checks["parity"]["ok"] and checks["parity"]["value"] == 1
+
+
+@settings(deadline=None)
+@given(prompt_lens=st.lists(st.integers(1, 160), min_size=1, max_size=5), chunk=st.integers(0, 48),
+       max_batch_prefill=st.integers(1, 4), mode=st.sampled_from(MODES), block_size=st.integers(2, 5),
+       max_tokens=st.integers(1, 24), eos_rate=st.sampled_from([0.0, 0.05]), batch=st.booleans(), data=st.data())
+def test_chunked_and_batched_prefill_keep_parity(prompt_lens, chunk, max_batch_prefill, mode, block_size,
+                                                 max_tokens, eos_rate, batch, data):
+    """Every request's tokens equal speculation-off decode with whole, one-at-a-time prefill,
+    whatever the chunk size, the batch of admissions, the mode and the mix of requests."""
+    speculative = data.draw(st.lists(st.booleans(), min_size=len(prompt_lens), max_size=len(prompt_lens)))
+    arrivals = data.draw(st.lists(st.sampled_from([0.0, 3.0, 40.0]), min_size=len(prompt_lens),
+                                  max_size=len(prompt_lens)))
+    requests = [Request(f"r{i}", tuple(32 + (i * 31 + j * 7) % 95 for j in range(n)), max_tokens,
+                        speculative=s, arrival_ms=t)
+                for i, (n, s, t) in enumerate(zip(prompt_lens, speculative, arrivals))]
+
+    def serve_with(spec: bool, **config):
+        backend = make_backend(target=MockTarget(eos_rate=eos_rate), accept_prob=0.5)
+        engine = make_engine(backend, mode=mode, block_size=block_size, enable_batch=batch, **config)
+        fresh = [Request(r.id, r.prompt_token_ids, r.max_tokens, speculative=spec and r.speculative,
+                         arrival_ms=r.arrival_ms) for r in requests]
+        engine.run(fresh)
+        assert engine.scheduler.kv.num_in_use == 0 and backend.num_live == 0
+        return {r.id: (r.output_token_ids, r.finish_reason) for r in fresh}
+
+    chunked = serve_with(True, prefill_chunk_tokens=chunk, max_batch_prefill=max_batch_prefill)
+    assert chunked == serve_with(False)
