@@ -26,12 +26,13 @@ KIND_STYLE = {
     "fused": ("fused: classic + verify rows", "#8172B3"),
     "burst": ("legacy burst: the whole speculative request", "#C44E52"),
     "park": ("prefill tick that only parks a waiter", "#937860"),
+    "chunk": ("prefill: one chunk of a long prompt", "#8DB9CA"),
 }
 HOL_COLOR = "#F4C7C7"        # a classic row waiting on a speculative action: the HOL wait
 WAITING_COLOR = "#E6E6E6"    # live but not served by this tick (queued, parked, another row's prefill)
 SPEC_KINDS = frozenset({"slice0", "window", "spec_round", "burst"})
 SHORT = {"slice0": "slice 0", "window": "window slice 0", "spec_round": "round", "burst": "whole burst",
-         "park": "park", "admit": "admit", "decode": "decode", "fused": "fused"}
+         "park": "park", "admit": "admit", "decode": "decode", "fused": "fused", "chunk": "chunk"}
 MODE_COLORS = {"burst": "#C44E52", "slice": "#4C72B0", "fused": "#8172B3", "cost": "#55A868"}
 _EXTRA_COLORS = ("#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
 

@@ -1,8 +1,8 @@
 """The checks a scenario asserts, each with the mode-dependent expectation it must meet.
 
 Bounds come from the cost model's terms (decode step at the batch size, one
-round, the request's slice 0), never from measured tick maxima, which would
-absorb the very burst they exist to catch (DESIGN.md section 6). A check that
+round, the request's slice 0, a prefill tick's spans), never from measured tick
+maxima, which would absorb the very burst they exist to catch. A check that
 guards against the legacy burst is *expected to fail* in burst mode; `ok`
 means the expectation was met.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coopsched.core.types import ActionKind, TickKind
 
@@ -38,15 +38,49 @@ class Terms:
     slice0_ms: dict       # per speculative request: its job's slice 0
     prefill_ms: dict      # per classic request: its admission (classic work, not HOL)
     factor: float         # jitter or real-time allowance
+    tick_ms: dict = field(default_factory=dict)        # tick index -> a chunk tick's or batched admission's prefill
+    spec_chunk_ms: dict = field(default_factory=dict)  # per speculative request: its costliest chunk of slice 0
 
     @property
     def spec_action_ms(self) -> float:
         return max([self.round_ms, *self.slice0_ms.values()])
 
 
+def is_job_admission(run, tick) -> bool:
+    """A tick that admitted a speculative job: its slice 0 whole, or the first chunk of it."""
+    return tick.kind.is_spec_admission or (tick.kind is TickKind.CHUNK and tick.action is ActionKind.PREFILL
+                                           and run.by_id(tick.request_ids[0]).served_speculatively)
+
+
 def widest_job(run) -> int:
     """Rows in the widest speculative job the run admitted (1 unless a B > 1 window ran)."""
-    return max((len(t.request_ids) for t in run.ticks if t.kind.is_spec_admission), default=1)
+    return max((len(t.request_ids) for t in run.ticks if is_job_admission(run, t)), default=1)
+
+
+def prefill_ticks(run, cost) -> dict:
+    """Tick index -> the prefill of a chunk tick or a batched admission: priced from its spans
+    (a speculative row's chunk also feeds the drafter), or its wall on a real clock."""
+    out = {}
+    for i, t in enumerate(run.ticks):
+        if t.kind is TickKind.CHUNK:
+            spans = [(n, run.by_id(rid).served_speculatively) for rid, n in zip(t.request_ids, t.prefill_tokens) if n]
+        elif t.kind is TickKind.ADMIT and len(t.request_ids) > 1:
+            spans = [(len(run.by_id(rid).prompt_token_ids), False) for rid in t.request_ids]
+        else:
+            continue
+        out[i] = cost.prefill_batch(spans) if cost is not None else t.wall_ms
+    return out
+
+
+def spec_chunks(run, tick_ms: dict) -> dict:
+    """Per speculative request: its costliest chunk tick (the longest it held the classic rows)."""
+    out: dict[str, float] = {}
+    for i, ms in tick_ms.items():
+        t = run.ticks[i]
+        for rid in t.request_ids if t.kind is TickKind.CHUNK else ():
+            if run.by_id(rid).served_speculatively:
+                out[rid] = max(out.get(rid, 0.0), ms)
+    return out
 
 
 def worst_gap(pairs) -> tuple[float, float] | None:
@@ -65,11 +99,13 @@ def terms_of(run) -> Terms:
         prompt = {r.id: len(r.prompt_token_ids) for r in run.requests}
         slice0 = {rid: sum(cost.slice0(prompt[i]) for i in ids) for rid, ids in windows.items()}
         prefill = {rid: cost.prefill(n) for rid, n in prompt.items()}
+        tick_ms = prefill_ticks(run, cost)
         return Terms(cost.decode(max(num_classic, 1)), cost.round(k, widest), slice0, prefill,
-                     cost.max_jitter_factor)
+                     cost.max_jitter_factor, tick_ms, spec_chunks(run, tick_ms))
     # Real backend with no cost model: the classic and round terms from decode and round
     # ticks (never prefill ticks, where a burst hides), with the real-time allowance.
-    walls = lambda action: [t.wall_ms for t in run.ticks if t.action is action and t.kind is not TickKind.BURST]
+    walls = lambda action: [t.wall_ms for t in run.ticks
+                            if t.action is action and t.kind not in (TickKind.BURST, TickKind.CHUNK)]
     decode = max(walls(ActionKind.DECODE), default=0.0)
     round_ms = max(walls(ActionKind.SPEC_ROUND), default=0.0)
     slice0: dict[str, float] = {}
@@ -78,22 +114,34 @@ def terms_of(run) -> Terms:
             for rid in t.request_ids:
                 slice0[rid] = max(slice0.get(rid, 0.0), t.wall_ms)
     prefill = {t.request_ids[0]: t.wall_ms for t in run.ticks if t.kind is TickKind.ADMIT}
-    return Terms(decode, round_ms, slice0, prefill, REAL_TIME_ALLOWANCE)
+    tick_ms = prefill_ticks(run, None)
+    return Terms(decode, round_ms, slice0, prefill, REAL_TIME_ALLOWANCE, tick_ms, spec_chunks(run, tick_ms))
 
 
-def classic_gaps(run, terms: Terms):
-    """Every classic inter-token gap (ms) with the admission work inside it (slice 0s, classic prefills)."""
-    admissions = [t for t in run.ticks if t.kind.is_spec_admission or t.kind is TickKind.ADMIT]
-    ends = [t.end_ms for t in admissions]  # ticks end in order: a gap's ticks are one slice
+def gap_ticks(run, kinds):
+    """For every classic inter-token gap (a, b): (b - a, the ticks of those kinds inside it, by index)."""
+    picked = [i for i, t in enumerate(run.ticks) if t.kind in kinds]
+    ends = [run.ticks[i].end_ms for i in picked]  # ticks end in order: a gap's ticks are one slice
     for r in run.requests:
         if r.served_speculatively:
             continue
-        times = run.token_times[r.id]
-        for a, b in itertools.pairwise(times):
-            inside = admissions[bisect_right(ends, a): bisect_right(ends, b)]
-            extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in inside if t.kind.is_spec_admission)
-            extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in inside if t.kind is TickKind.ADMIT)
-            yield b - a, extra
+        for a, b in itertools.pairwise(run.token_times[r.id]):
+            yield b - a, picked[bisect_right(ends, a): bisect_right(ends, b)]
+
+
+ADMISSIONS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST, TickKind.ADMIT, TickKind.CHUNK})
+
+
+def classic_gaps(run, terms: Terms):
+    """Every classic inter-token gap (ms) with the admission work inside it: slice 0s, classic
+    prefills, chunks (each a tick's own prefill, classic or speculative)."""
+    ticks, priced = run.ticks, terms.tick_ms
+    for gap, inside in gap_ticks(run, ADMISSIONS):
+        whole = [ticks[i] for i in inside if i not in priced]
+        extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind.is_spec_admission)
+        extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind is TickKind.ADMIT)
+        extra += sum(priced[i] for i in inside if i in priced)
+        yield gap, extra
 
 
 def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
@@ -108,6 +156,44 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
         return check("classic_itl", None, None, None, expect, "no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
                  f"decode + {spec_actions_per_gap} spec action(s), + slice 0 at admission")
+
+
+ROUND_KINDS = frozenset({TickKind.ROUND, TickKind.GRANT, TickKind.FUSED, TickKind.SLICE0})
+SPEC_PREFILL_KINDS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.CHUNK, TickKind.BURST})
+
+
+def chunk_ms(run, terms: Terms, num_tokens: int, with_draft: bool) -> float:
+    """One full chunk: priced, or on a real clock the costliest prefill tick of at most that many tokens."""
+    if run.cost is not None:
+        return run.cost.chunk(num_tokens, with_draft)
+    return max([ms for i, ms in terms.tick_ms.items() if sum(run.ticks[i].prefill_tokens) <= num_tokens],
+               default=0.0)
+
+
+def prefill_stall_check(run, terms: Terms, chunk_tokens: int) -> dict:
+    """Every classic gap <= a decode step + one chunk of `chunk_tokens` (with the drafter when a
+    speculative prefill ran in the gap) + one speculative action where a round ran in it (cost
+    mode: its budget's worth). Without chunking the whole prefill sits in one gap and it fails."""
+    from harness.run import mode_checks
+
+    expect = "pass" if run.config.is_sliced else "fail"
+    if chunk_tokens <= 0:
+        return check("prefill_stall", None, None, None, expect, "no chunk size: set chunk_tokens or chunking")
+    spec_ms = mode_checks.spec_action_ms(run, terms)[0]
+    if run.config.mode == "cost":
+        spec_ms = max(spec_ms, run.config.hol_budget_ms - terms.decode_ms)
+    ticks, pairs = run.ticks, []
+    for gap, inside in gap_ticks(run, ROUND_KINDS | SPEC_PREFILL_KINDS):
+        spec_prefill = any(ticks[i].kind in SPEC_PREFILL_KINDS and
+                           run.by_id(ticks[i].request_ids[0]).served_speculatively for i in inside)
+        has_round = any(ticks[i].kind in ROUND_KINDS and ticks[i].action is not ActionKind.PREFILL for i in inside)
+        bound = terms.decode_ms + chunk_ms(run, terms, chunk_tokens, spec_prefill) + (spec_ms if has_round else 0.0)
+        pairs.append((gap, bound * terms.factor))
+    worst = worst_gap(pairs)
+    if worst is None:
+        return check("prefill_stall", None, None, None, expect, "no classic gaps")
+    return check("prefill_stall", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
+                 f"decode + one {chunk_tokens}-token chunk (+ one speculative action where a round ran)")
 
 
 def evaluate(run, *, classic, burst) -> list[dict]:
@@ -137,6 +223,10 @@ def evaluate(run, *, classic, burst) -> list[dict]:
             out.append(check("classic_stalled_by_burst", stall >= whole - EPS_MS, stall, whole,
                              note="the classic row waits out the whole burst"))
 
+    if "prefill_stall" in wanted:
+        chunk_tokens = wanted["prefill_stall"].get("chunk_tokens", run.config.prefill_chunk_tokens)
+        out.append(prefill_stall_check(run, terms, chunk_tokens))
+
     if "burst_wall" in wanted:
         if not spec:
             out.append(check("burst_wall", None, None, None, note=skip))
@@ -148,11 +238,13 @@ def evaluate(run, *, classic, burst) -> list[dict]:
                              note="legacy: one tick holds the whole request"))
         else:
             action_ms, action = mode_checks.spec_action_ms(run, terms)  # a round, or a fused step
-            excess = [(b.burst_wall_ms, 1.05 * max(action_ms, terms.slice0_ms.get(b.seq_id, 0.0))
+            excess = [(b.burst_wall_ms, 1.05 * max(action_ms, terms.slice0_ms.get(b.seq_id, 0.0),
+                                                   terms.spec_chunk_ms.get(b.seq_id, 0.0))
                        * terms.factor) for b in bursts.values()]
             value, bound = max(excess, key=lambda e: e[0] - e[1])
+            chunked = " or one chunk of it" if terms.spec_chunk_ms else ""
             out.append(check("burst_wall", value <= bound + EPS_MS, value, bound,
-                             note=f"<= 1.05 x max({action}, slice 0)"))
+                             note=f"<= 1.05 x max({action}, slice 0{chunked})"))
             if burst is not None and burst.scheduler.obs.bursts:
                 whole = max(b.burst_wall_ms for b in burst.scheduler.obs.bursts)
                 out.append(check("burst_wall_vs_legacy", value <= whole / 5 + EPS_MS, value, whole / 5,

@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hol-budget-ms", type=positive_ms, metavar="MS",
                         help="cost mode: the longest a classic row may wait on speculation "
                              "(wins over COOPSCHED_HOL_BUDGET_MS; default 50)")
+    parser.add_argument("--prefill-chunk-tokens", type=int, metavar="N",
+                        help="prefill at most N prompt tokens per tick, 0 = whole prompts (wins over the "
+                             "scenario's [scheduler]; default: the scenario's, else 0)")
+    parser.add_argument("--max-batch-prefill", type=int, metavar="M",
+                        help="classic requests one prefill tick may admit together (wins over the scenario's; "
+                             "default: the scenario's, else 1)")
 
 
 def modes_for(args: argparse.Namespace, bare: bool) -> list[str | None]:
@@ -97,7 +103,8 @@ def main(args: argparse.Namespace) -> int:
         else:
             factory = backend_factory(args)
             clock = RealClock if args.backend == "mlx" else ManualClock
-            options = {} if args.hol_budget_ms is None else {"hol_budget_ms": args.hol_budget_ms}
+            knobs = ("hol_budget_ms", "prefill_chunk_tokens", "max_batch_prefill")
+            options = {k: getattr(args, k) for k in knobs if getattr(args, k, None) is not None}
             traces = [runner.run_scenario(s, m, args.seed, backend_factory=factory, clock_factory=clock,
                                           options=options)
                       for s in scenarios for m in modes_for(args, bare)]

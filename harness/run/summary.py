@@ -17,8 +17,10 @@ SPEC_DETAILS = ("slice0", "window", "burst")
 
 
 def _spec_ends(trace: dict) -> list[float]:
+    spec = {r["id"] for r in trace["requests"] if r["speculative"]}  # a chunk tick may be a slice 0's
     return [t["end_ms"] for t in trace.get("ticks", ())  # a --target trace may have none
-            if t["action"] in ("spec_round", "fused") or t.get("detail") in SPEC_DETAILS]
+            if t["action"] in ("spec_round", "fused") or t.get("detail") in SPEC_DETAILS
+            or (t.get("detail") == "chunk" and t["request_ids"][0] in spec)]
 
 
 def summary_row(trace: dict) -> dict:
