@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coopsched.core.backend import PrefillRow
 from coopsched.core.request import SamplingParams
 
 # mlx-lm takes a path that does not exist for a hub id: never let it reach the network.
@@ -116,6 +117,59 @@ class MlxBackend:
             mx.eval([c.state for c in seq.draft_cache])
         self._seqs[seq_id] = seq
         return self._sample([seq], logits[:, -1, :], [len(prompt)])[0]
+
+    # -- chunked and batched prefill (issue 12) ---------------------------------
+    def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
+        """ONE target forward over every row's span (chunks or whole prompts; shorter rows
+        right-padded, then rolled into left padding, as `fused`), and one drafter forward over
+        the rows that prefill it; a row whose span ends its prompt samples its first token from
+        its last position. New rows' caches are kept only once every forward succeeded."""
+        if not rows:
+            return []
+        seqs = [self._span_seq(row) for row in rows]
+        inputs = [[int(t) for t in row.prompt[row.start:row.stop]] for row in rows]
+        logits, caches = _forward_spans(self.model, [s.cache for s in seqs], inputs)
+        drafted = [i for i, row in enumerate(rows) if row.with_draft and self.draft_model is not None]
+        draft_caches: list = []
+        if drafted:
+            for i in drafted:
+                if seqs[i].draft_cache is None:
+                    seqs[i].draft_cache, seqs[i].draft_tokens = new_cache(self.draft_model), []
+            _, draft_caches = _forward_spans(self.draft_model, [seqs[i].draft_cache for i in drafted],
+                                             [inputs[i] for i in drafted])
+        for i, (row, seq, fed) in enumerate(zip(rows, seqs, inputs)):
+            seq.cache = caches[i]
+            seq.tokens.extend(fed)
+            self._seqs[row.seq_id] = seq
+        for i, cache in zip(drafted, draft_caches):
+            seqs[i].draft_cache = cache
+            seqs[i].draft_tokens.extend(inputs[i])
+        last = [i for i, row in enumerate(rows) if row.is_last]
+        out: list[int | None] = [None] * len(rows)
+        if last:
+            picked = mx.stack([logits[i, len(inputs[i]) - 1, :] for i in last])
+            for i, token in zip(last, self._sample([seqs[i] for i in last], picked,
+                                                   [len(rows[i].prompt) for i in last])):
+                out[i] = token
+        return out
+
+    def _span_seq(self, row: PrefillRow) -> _Sequence:
+        """The sequence a prefill span continues, or a new one (registered once the call succeeds)."""
+        if row.start == 0:
+            if row.seq_id in self._seqs:
+                raise RuntimeError(f"sequence {row.seq_id!r} is already live in the MLX backend")
+            if not row.prompt:
+                raise ValueError(f"sequence {row.seq_id!r}: empty prompt")
+            bad = next((int(t) for t in row.prompt if not 0 <= int(t) < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"sequence {row.seq_id!r}: token id {bad} is outside the model's vocab "
+                                 f"(0..{self.vocab_size - 1})")
+            return _Sequence(row.params, len(row.prompt), [], new_cache(self.model))
+        seq = self._own(row.seq_id)
+        if len(seq.tokens) != row.start or not row.start < row.stop <= len(row.prompt):
+            raise ValueError(f"prefill of {row.seq_id!r}: span [{row.start}, {row.stop}) of a {len(row.prompt)}-token "
+                             f"prompt, but its cache holds {len(seq.tokens)} tokens")
+        return seq
 
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
         ids = tuple(seq_id for seq_id, _ in rows)
@@ -292,6 +346,21 @@ class MlxBackend:
             return logits
         is_eos = mx.arange(logits.shape[-1]) == self.eos_token_id
         return mx.where(mx.array(rows)[:, None] & is_eos[None, :], mx.array(-mx.inf, logits.dtype), logits)
+
+
+def _forward_spans(model, caches: list[list], inputs: list[list[int]]) -> tuple[mx.array, list[list]]:
+    """ONE forward of rows of different lengths over their caches: the logits (right-padded rows)
+    and each row's cache after it (a lone row's cache is updated in place)."""
+    if len(caches) == 1:
+        return forward_one(model, caches[0], inputs), caches
+    width = max(len(x) for x in inputs)
+    batch = Batch(caches, width)
+    for layer in batch.layers:
+        layer.prepare(right_padding=[width - len(x) for x in inputs])
+    logits = batch.forward(model, [x + [0] * (width - len(x)) for x in inputs])
+    for layer in batch.layers:
+        layer.finalize()
+    return logits, batch.split(len(caches))
 
 
 def _greedy(logits: mx.array) -> list[int]:
