@@ -120,36 +120,42 @@ class MlxBackend:
 
     # -- chunked and batched prefill (issue 12) ---------------------------------
     def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
-        """ONE target forward over every row's span (chunks or whole prompts; shorter rows
-        right-padded, then rolled into left padding, as `fused`), and one drafter forward over
-        the rows that prefill it; a row whose span ends its prompt samples its first token from
-        its last position. New rows' caches are kept only once every forward succeeded."""
+        """Prefill spans of several rows (chunks or whole prompts) as `prefill` does one prompt,
+        batched: ONE target forward over every span but the last token of a prompt that ends in it
+        (shorter rows right-padded, then rolled into left padding, as `fused`; no logits computed),
+        then ONE forward over those last tokens for the first tokens; the drafter reads the spans in
+        a forward of its own. New rows' caches are kept only once every forward succeeded."""
         if not rows:
             return []
         seqs = [self._span_seq(row) for row in rows]
-        inputs = [[int(t) for t in row.prompt[row.start:row.stop]] for row in rows]
-        logits, caches = _forward_spans(self.model, [s.cache for s in seqs], inputs)
+        spans = [[int(t) for t in row.prompt[row.start:row.stop]] for row in rows]
+        caches = [s.cache for s in seqs]
+        body = [span[:-1] if row.is_last else span for span, row in zip(spans, rows)]
+        fed = [i for i, tokens in enumerate(body) if tokens]
+        for i, cache in zip(fed, _fill(self.model, [caches[i] for i in fed], [body[i] for i in fed])):
+            caches[i] = cache
+        last = [i for i, row in enumerate(rows) if row.is_last]
+        logits = None
+        if last:
+            logits, after = _forward_last(self.model, [caches[i] for i in last], [spans[i][-1] for i in last])
+            for i, cache in zip(last, after):
+                caches[i] = cache
         drafted = [i for i, row in enumerate(rows) if row.with_draft and self.draft_model is not None]
-        draft_caches: list = []
-        if drafted:
-            for i in drafted:
-                if seqs[i].draft_cache is None:
-                    seqs[i].draft_cache, seqs[i].draft_tokens = new_cache(self.draft_model), []
-            _, draft_caches = _forward_spans(self.draft_model, [seqs[i].draft_cache for i in drafted],
-                                             [inputs[i] for i in drafted])
-        for i, (row, seq, fed) in enumerate(zip(rows, seqs, inputs)):
-            seq.cache = caches[i]
-            seq.tokens.extend(fed)
+        draft_caches = _fill(self.draft_model, [seqs[i].draft_cache or new_cache(self.draft_model) for i in drafted],
+                             [spans[i] for i in drafted]) if drafted else []
+        for row, seq, cache, span in zip(rows, seqs, caches, spans):
+            seq.cache = cache
+            seq.tokens.extend(span)
             self._seqs[row.seq_id] = seq
         for i, cache in zip(drafted, draft_caches):
+            if seqs[i].draft_cache is None:
+                seqs[i].draft_tokens = []
             seqs[i].draft_cache = cache
-            seqs[i].draft_tokens.extend(inputs[i])
-        last = [i for i, row in enumerate(rows) if row.is_last]
+            seqs[i].draft_tokens.extend(spans[i])
         out: list[int | None] = [None] * len(rows)
-        if last:
-            picked = mx.stack([logits[i, len(inputs[i]) - 1, :] for i in last])
-            for i, token in zip(last, self._sample([seqs[i] for i in last], picked,
-                                                   [len(rows[i].prompt) for i in last])):
+        if logits is not None:
+            firsts = self._sample([seqs[i] for i in last], logits[:, -1, :], [len(rows[i].prompt) for i in last])
+            for i, token in zip(last, firsts):
                 out[i] = token
         return out
 
@@ -348,18 +354,30 @@ class MlxBackend:
         return mx.where(mx.array(rows)[:, None] & is_eos[None, :], mx.array(-mx.inf, logits.dtype), logits)
 
 
-def _forward_spans(model, caches: list[list], inputs: list[list[int]]) -> tuple[mx.array, list[list]]:
-    """ONE forward of rows of different lengths over their caches: the logits (right-padded rows)
-    and each row's cache after it (a lone row's cache is updated in place)."""
+def _fill(model, caches: list[list], inputs: list[list[int]]) -> list[list]:
+    """ONE forward of rows of different lengths into their caches, as a prompt chunk of
+    generate_step: only the caches are evaluated (no logits). Each row's cache after it."""
     if len(caches) == 1:
-        return forward_one(model, caches[0], inputs), caches
+        model(mx.array(inputs), cache=caches[0])
+        mx.eval([c.state for c in caches[0]])
+        return caches
     width = max(len(x) for x in inputs)
     batch = Batch(caches, width)
     for layer in batch.layers:
         layer.prepare(right_padding=[width - len(x) for x in inputs])
-    logits = batch.forward(model, [x + [0] * (width - len(x)) for x in inputs])
+    model(mx.array([x + [0] * (width - len(x)) for x in inputs]), cache=batch.layers)
     for layer in batch.layers:
         layer.finalize()
+    return batch.split(len(caches))
+
+
+def _forward_last(model, caches: list[list], tokens: list[int]) -> tuple[mx.array, list[list]]:
+    """ONE forward of each row's last prompt token (a decode-shaped step): logits and caches."""
+    inputs = [[t] for t in tokens]
+    if len(caches) == 1:
+        return forward_one(model, caches[0], inputs), caches
+    batch = Batch(caches, 1)
+    logits = batch.forward(model, inputs)
     return logits, batch.split(len(caches))
 
 

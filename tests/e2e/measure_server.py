@@ -1,12 +1,16 @@
 """Measure what the server adds, and coopsched serve beside mlx_lm.server on the same tiny models.
 
     python tests/e2e/measure_server.py [--out reports/server-measure.json] [--skip-mlx]
+    python tests/e2e/measure_server.py --only vs-mlx-lm --streams 16 --repeats 5 \
+        [--draft] [--coopsched-args="--max-batch-prefill 16"] [--out PATH]
 
 Not a test (real time, machine-dependent numbers): it prints a table and writes JSON.
 1. classic ITL p50/p99 in process (engine events) vs over HTTP (client arrivals), 1 and 16 streams;
 2. SSE tokens/s from a zero-cost mock at 32 streams;
 3. aggregate tokens/s and TTFT p95 at 4 and 16 concurrent streams, coopsched serve vs mlx_lm.server,
-   without and with a draft model (the latter serializes requests in mlx_lm.server).
+   without and with a draft model (the latter serializes requests in mlx_lm.server);
+   `--only vs-mlx-lm` runs only this, `--repeats` times per server (TTFTs pooled, tokens/s the
+   median of the repeats), with extra `coopsched serve` flags (chunked or batched prefill).
 The client is one asyncio loop on raw sockets so it stays cheaper than the servers it measures.
 """
 
@@ -159,11 +163,57 @@ def side_by_side(model: Path, draft: Path, max_tokens: int = 128) -> dict:
     return out
 
 
+def vs_mlx_lm(model: Path, draft: Path | None, streams: int, repeats: int, coopsched_args: list[str],
+              max_tokens: int = 128) -> dict:
+    """One workload of `streams` concurrent streams, `repeats` times per server, the two servers one
+    after the other (never at once: they share the CPU); TTFTs pooled over the repeats."""
+    servers = {
+        "coopsched": lambda: coopsched_serve("--backend", "mlx", "--model", str(model), *(
+            ["--draft-model", str(draft)] if draft else []), "--max-batch-size", "16", "--num-slots", "32",
+            *coopsched_args),
+        "mlx_lm": lambda: mlx_lm_server(model, draft),
+    }
+    out: dict = {"streams": streams, "repeats": repeats, "draft": draft is not None,
+                 "coopsched_args": coopsched_args, "max_tokens": max_tokens}
+    for name, start in servers.items():
+        with start() as server:
+            asyncio.run(stream_many(server.url, [body(0, 8)]))  # warm-up
+            runs = [asyncio.run(stream_many(server.url, [body(i, max_tokens) for i in range(streams)]))
+                    for _ in range(repeats)]
+        per_run = [summarize(r) for r in runs]
+        pooled = summarize([r for run in runs for r in run])
+        out[name] = {"ttft_p50_ms": pooled["ttft_p50_ms"], "ttft_p95_ms": pooled["ttft_p95_ms"],
+                     "ttft_max_ms": pooled["ttft_max_ms"],
+                     "aggregate_tok_s": float(np.median([x["aggregate_tok_s"] for x in per_run])),
+                     "aggregate_tok_s_runs": [round(x["aggregate_tok_s"], 1) for x in per_run],
+                     "ttft_p95_ms_runs": [round(x["ttft_p95_ms"], 1) for x in per_run],
+                     "tokens": pooled["tokens"]}
+    out["throughput_ratio"] = out["coopsched"]["aggregate_tok_s"] / out["mlx_lm"]["aggregate_tok_s"]
+    out["ttft_p95_ratio"] = out["coopsched"]["ttft_p95_ms"] / out["mlx_lm"]["ttft_p95_ms"]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/server-measure.json"))
     parser.add_argument("--skip-mlx", action="store_true")
+    parser.add_argument("--only", choices=("vs-mlx-lm",), help="run only this measurement")
+    parser.add_argument("--streams", type=int, default=16, help="--only vs-mlx-lm: concurrent streams")
+    parser.add_argument("--repeats", type=int, default=3, help="--only vs-mlx-lm: workloads per server")
+    parser.add_argument("--draft", action="store_true", help="--only vs-mlx-lm: both servers get the draft model")
+    parser.add_argument("--coopsched-args", default="", help="--only vs-mlx-lm: extra `coopsched serve` flags")
+    parser.add_argument("--max-tokens", type=int, default=128, help="--only vs-mlx-lm: tokens per request")
     args = parser.parse_args()
+    if args.only == "vs-mlx-lm":
+        from coopsched.backends.model_build import ensure_tiny_models
+
+        model, draft = ensure_tiny_models()
+        report = vs_mlx_lm(model, draft if args.draft else None, args.streams, args.repeats,
+                           args.coopsched_args.split(), args.max_tokens)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps(report, indent=1))
+        return 0
     report = {"overhead": overhead(), "sse": sse_throughput()}
     if not args.skip_mlx:
         from coopsched.backends.model_build import ensure_tiny_models

@@ -1,6 +1,7 @@
 """Chunked and batched prefill on the real MLX model: every request's tokens still equal mlx-lm's
 greedy generate_step (prompts of up to 300 tokens prefilled in chunks, several admissions in one
-forward, chunked slices 0), in every mode; a batched prefill is ONE forward of the expected shape."""
+forward, chunked slices 0), in every mode; a batched prefill is one forward over the prompts (and
+one over their last tokens) of the expected shapes."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_a_batched_prefill_is_one_forward_and_equals_whole_prefills(backend, pro
     want = [whole.prefill(r.seq_id, r.prompt, r.params, False) for r in rows]
     backend.model = counting = CountingModel(backend.model)
     assert backend.prefill_batch(rows) == want
-    assert counting.shapes == [(4, len(long_prompts[0]))]
+    # as generate_step: every prompt but its last token (caches only), then the last tokens (logits)
+    assert counting.shapes == [(4, len(long_prompts[0]) - 1), (4, 1)]
     # the caches hold each prompt: the next decode step agrees with the whole prefills'
     assert backend.decode([(r.seq_id, t) for r, t in zip(rows, want)]) == \
         whole.decode([(r.seq_id, t) for r, t in zip(rows, want)])
