@@ -87,8 +87,8 @@ def summarize(results: list[dict]) -> dict:
 
 
 # -- servers (the shared spawner: free loopback port, /health, SIGTERM) ------------------------------
-def coopsched_serve(*args: str):
-    return client.spawn_server(["--log-level", "warning", *args], env=ENV, timeout_s=120)
+def coopsched_serve(*args: str, gates: dict | None = None):
+    return client.spawn_server(["--log-level", "warning", *args], env={**ENV, **(gates or {})}, timeout_s=120)
 
 
 def mlx_lm_server(model: Path, draft: Path | None):
@@ -164,17 +164,17 @@ def side_by_side(model: Path, draft: Path, max_tokens: int = 128) -> dict:
 
 
 def vs_mlx_lm(model: Path, draft: Path | None, streams: int, repeats: int, coopsched_args: list[str],
-              max_tokens: int = 128) -> dict:
+              max_tokens: int = 128, gates: dict | None = None) -> dict:
     """One workload of `streams` concurrent streams, `repeats` times per server, the two servers one
     after the other (never at once: they share the CPU); TTFTs pooled over the repeats."""
     servers = {
         "coopsched": lambda: coopsched_serve("--backend", "mlx", "--model", str(model), *(
             ["--draft-model", str(draft)] if draft else []), "--max-batch-size", "16", "--num-slots", "32",
-            *coopsched_args),
+            *coopsched_args, gates=gates),
         "mlx_lm": lambda: mlx_lm_server(model, draft),
     }
     out: dict = {"streams": streams, "repeats": repeats, "draft": draft is not None,
-                 "coopsched_args": coopsched_args, "max_tokens": max_tokens}
+                 "coopsched_args": coopsched_args, "gates": gates or {}, "max_tokens": max_tokens}
     for name, start in servers.items():
         with start() as server:
             asyncio.run(stream_many(server.url, [body(0, 8)]))  # warm-up
@@ -203,13 +203,16 @@ def main() -> int:
     parser.add_argument("--draft", action="store_true", help="--only vs-mlx-lm: both servers get the draft model")
     parser.add_argument("--coopsched-args", default="", help="--only vs-mlx-lm: extra `coopsched serve` flags")
     parser.add_argument("--max-tokens", type=int, default=128, help="--only vs-mlx-lm: tokens per request")
+    parser.add_argument("--gate", action="append", default=[], metavar="MLXCEL_NAME=VALUE",
+                        help="--only vs-mlx-lm: a gate for coopsched serve only (repeatable)")
     args = parser.parse_args()
     if args.only == "vs-mlx-lm":
         from coopsched.backends.model_build import ensure_tiny_models
 
         model, draft = ensure_tiny_models()
         report = vs_mlx_lm(model, draft if args.draft else None, args.streams, args.repeats,
-                           args.coopsched_args.split(), args.max_tokens)
+                           args.coopsched_args.split(), args.max_tokens,
+                           dict(g.split("=", 1) for g in args.gate))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps(report, indent=1))
