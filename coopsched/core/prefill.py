@@ -4,15 +4,17 @@ A prefill tick has a token budget (`prefill_chunk_tokens`; 0 = unlimited) and a
 row cap (`max_batch_prefill` for classic admissions; a window's rows for slice 0).
 Rows are served in order, each taking what is left of its prompt up to what is
 left of the budget, so a prompt longer than the budget spans several ticks and
-no tick prefills more than the budget. Pure: the scheduler applies the spans.
+no tick prefills more than the budget. The scheduler plans with these and books
+with `book_prefill`; nothing here reads more than it is given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .plan import Span
-from .request import Request
+from .plan import Plan, Span
+from .request import Request, RequestState
+from .spec import SpecJob
 from .types import TickKind
 
 
@@ -53,3 +55,32 @@ def spans_for(requests: Iterable[Request], budget: Budget) -> list[Span]:
 def prefill_kind(spans: Iterable[Span], whole: TickKind) -> TickKind:
     """`whole` when every prompt is prefilled from start to end in this tick, else CHUNK."""
     return whole if all(s.is_whole for s in spans) else TickKind.CHUNK
+
+
+def slice0_spans(job: SpecJob, chunk_tokens: int, whole: TickKind) -> tuple[TickKind, tuple[Span, ...]]:
+    """What this tick prefills of a job's slice 0: all of it (`whole`), or one chunk (CHUNK)."""
+    rows = job.live_rows
+    spans = spans_for(rows, Budget(chunk_tokens, len(rows)))
+    return (prefill_kind(spans, whole) if len(spans) == len(rows) else TickKind.CHUNK), tuple(spans)
+
+
+def book_prefill(rows: Iterable[Request], running: list[Request], prefilling: list[Request]) -> None:
+    """After a classic prefill tick: rows whose prompt is all in join the decode batch, the
+    others wait in `prefilling` (rows that ended, in their first token or failed, are skipped)."""
+    for request in rows:
+        if request.is_finished:
+            continue
+        if request.num_prefilled == len(request.prompt_token_ids):
+            if request.state is RequestState.PREFILLING:
+                prefilling.remove(request)
+            request.state = RequestState.RUNNING
+            running.append(request)
+        elif request.state is not RequestState.PREFILLING:
+            request.state = RequestState.PREFILLING
+            prefilling.append(request)
+
+
+def prefill_tokens(plan: Plan) -> tuple[int, ...]:
+    """Prompt tokens each row of a tick's record prefilled (0 for a window row already done)."""
+    done = {s.request.id: s.stop - s.start for s in plan.spans}
+    return tuple(done.get(seq_id, 0) for seq_id in plan.request_ids)

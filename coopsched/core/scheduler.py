@@ -18,9 +18,9 @@ from .hol import HolBook, Samples
 from .kv import KVSlotPool
 from .modes import make_policy
 from .observability import BatchObservability
-from .plan import Plan, Span
+from .plan import Plan
 from .policy import Decision, next_yield_flag
-from .prefill import Budget, prefill_kind, spans_for
+from .prefill import Budget, book_prefill, prefill_kind, prefill_tokens, slice0_spans, spans_for
 from .queue import PrefillQueue, ShapeKey
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
@@ -163,7 +163,8 @@ class Scheduler:
         self.obs.log_grant(",".join(job.ids))
         if not self.policy.is_sliced:
             return Plan(ActionKind.PREFILL, TickKind.BURST, state, tuple(job.ids), job=job, release=release)
-        kind, spans = self._slice0_spans(job, TickKind.WINDOW if job.is_window else TickKind.SLICE0)
+        kind, spans = slice0_spans(job, self.config.prefill_chunk_tokens,
+                                   TickKind.WINDOW if job.is_window else TickKind.SLICE0)
         return Plan(ActionKind.PREFILL, kind, state, tuple(job.ids), job=job, release=release, spans=spans)
 
     def _plan_classic_prefill(self, state: TickState, release: tuple[str, ...], admitted: list[Request]) -> Plan:
@@ -188,13 +189,6 @@ class Scheduler:
         return Plan(ActionKind.PREFILL, prefill_kind(spans, TickKind.ADMIT), state, tuple(r.id for r in rows),
                     rows, release=release, spans=tuple(spans))
 
-    def _slice0_spans(self, job: SpecJob, whole: TickKind) -> tuple[TickKind, tuple[Span, ...]]:
-        """What this tick prefills of the job's slice 0: the whole of it, or one chunk (CHUNK)."""
-        rows = job.live_rows
-        spans = spans_for(rows, Budget(self.config.prefill_chunk_tokens, len(rows)))
-        kind = prefill_kind(spans, whole) if len(spans) == len(rows) else TickKind.CHUNK
-        return kind, tuple(spans)
-
     def _plan_spec(self, decision: Decision, state: TickState, release: tuple[str, ...]) -> Plan:
         job, granted = self.job, False
         if job is None:
@@ -205,7 +199,7 @@ class Scheduler:
             granted = True
         live = tuple(r.id for r in job.live_rows)  # a window's finished rows are not in this tick
         if not job.is_begun:  # slice 0 is a prefill: it never shares a fused forward
-            kind, spans = self._slice0_spans(job, TickKind.SLICE0)
+            kind, spans = slice0_spans(job, self.config.prefill_chunk_tokens, TickKind.SLICE0)
             return Plan(ActionKind.SPEC_ROUND, kind, state, live, job=job, release=release, spans=spans)
         if decision.block_size is not None:
             job.block_size = decision.block_size
@@ -220,8 +214,8 @@ class Scheduler:
     def commit(self, plan: Plan, outcome: Outcome, start_ms: float, end_ms: float) -> Committed:
         self._book_flags(plan)
         kind, ids = (TickKind.ERROR, outcome.touched) if outcome.error else (plan.kind, plan.request_ids)
-        record = TickRecord(start_ms, end_ms, plan.action, kind, ids, _prefill_tokens(plan) if
-                            kind is TickKind.CHUNK else ())
+        record = TickRecord(start_ms, end_ms, plan.action, kind, ids,
+                            prefill_tokens(plan) if kind is TickKind.CHUNK else ())
         self._book_job(plan, outcome)
         self.policy.observe(plan, outcome, record, self)
         obs = self.obs
@@ -230,7 +224,7 @@ class Scheduler:
         obs.accepted_tokens += outcome.accepted
         num_waiting = self._book_hol(plan, outcome, record.wall_ms)
         if plan.job is None and plan.kind in (TickKind.ADMIT, TickKind.CHUNK):
-            self._book_prefill(plan.rows)
+            book_prefill(plan.rows, self.running, self.prefilling)
         emissions, self._reaped = self._reaped + outcome.emissions, []
         outcomes: dict[str, RequestOutcome] = {}
         for e in emissions:
@@ -257,20 +251,6 @@ class Scheduler:
             self.last_was_prefill = False
         elif plan.action is ActionKind.PREFILL and plan.spans:
             self.last_was_prefill = True
-
-    def _book_prefill(self, rows: tuple[Request, ...]) -> None:
-        """Classic rows whose prompt is all in join the decode batch; the others keep prefilling."""
-        for request in rows:
-            if request.is_finished:
-                continue  # ended in its first token or failed: finalized below
-            if request.num_prefilled == len(request.prompt_token_ids):
-                if request.state is RequestState.PREFILLING:
-                    self.prefilling.remove(request)
-                request.state = RequestState.RUNNING
-                self.running.append(request)
-            elif request.state is not RequestState.PREFILLING:
-                request.state = RequestState.PREFILLING
-                self.prefilling.append(request)
 
     def _book_job(self, plan: Plan, outcome: Outcome) -> None:
         """The served job leaves the slot when done, or parks when its grant expired (rotation)."""
@@ -358,12 +338,6 @@ def _shape_key(ragged: bool) -> ShapeKey:
     def key(r: Request) -> Hashable:
         return (None if ragged else len(r.prompt_token_ids), r.max_tokens, r.sampling)
     return key
-
-
-def _prefill_tokens(plan: Plan) -> tuple[int, ...]:
-    """Prompt tokens each row of the tick record prefilled (0 for a row that only waited)."""
-    done = {s.request.id: s.stop - s.start for s in plan.spans}
-    return tuple(done.get(seq_id, 0) for seq_id in plan.request_ids)
 
 
 def _merge(emissions: list[Emission]) -> list[Emission]:
