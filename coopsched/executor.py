@@ -51,8 +51,11 @@ class Executor:
             self._run(plan, out)
         except BackendError as exc:
             self._contain(plan, out, exc)
-        for seq_id in [*plan.release, *(e.seq_id for e in out.emissions if e.finish_reason is not None)]:
+        for seq_id in plan.release:
             self._release(seq_id)
+        for emission in out.emissions:
+            if emission.finish_reason is not None:
+                self._release(emission.seq_id)
         return out
 
     # -- the plan's work --------------------------------------------------------

@@ -46,6 +46,9 @@ class TickPolicy(Protocol):
         """Learn from a committed tick, before its finished rows are finalized."""
 
 
+DECIDED = {action: Decision(action) for action in ActionKind}  # a policy's plain answers, made once
+
+
 def decide_action(state: TickState) -> ActionKind:
     has_classic_work = state.num_running > 0 or state.num_admissible > 0 or state.has_parked_prefill
     if state.has_spec_work and (not has_classic_work or not state.last_was_spec):

@@ -96,17 +96,18 @@ class Scheduler:
 
     def tick_state(self) -> TickState:
         num_queued, num_free = len(self.queue), self.kv.num_free
-        return TickState(has_spec_work=self.has_spec_work, num_running=len(self.running),
+        return TickState(has_spec_work=self.job is not None or len(self.backlog) > 0, num_running=len(self.running),
                          max_batch_size=self.config.max_batch_size,
                          num_admissible=num_queued if num_free else 0, last_was_spec=self.last_was_spec,
                          num_queued=num_queued, num_free_slots=num_free)
 
     # -- planning -------------------------------------------------------------
     def schedule(self) -> Plan:
-        self._reap_cancelled()
+        if self._cancelled:
+            self._reap_cancelled()
         state = self.tick_state()
         decision = self.policy.decide(state, self)
-        release = tuple(e.seq_id for e in self._reaped)
+        release = tuple(e.seq_id for e in self._reaped) if self._reaped else ()
         if decision.action is ActionKind.PREFILL:
             return self._plan_admission(state, release)
         if decision.action in (ActionKind.SPEC_ROUND, ActionKind.FUSED):
@@ -175,7 +176,8 @@ class Scheduler:
         self.last_was_spec = next_yield_flag(self.last_was_spec, plan.action)
         kind, ids = (TickKind.ERROR, outcome.touched) if outcome.error else (plan.kind, plan.request_ids)
         record = TickRecord(start_ms, end_ms, plan.action, kind, ids)
-        self._book_job(plan, outcome)
+        if plan.job is not None:
+            self._book_job(plan, outcome)
         self.policy.observe(plan, outcome, record, self)
         obs = self.obs
         obs.rounds += outcome.rounds
@@ -193,7 +195,8 @@ class Scheduler:
         events = [TokenEvent(e.seq_id, e.token_ids, end_ms, e.finish_reason, outcomes.get(e.seq_id))
                   for e in _merge(emissions) if e.token_ids or e.finish_reason is not None]
         samples, self._hol_samples = self._hol_samples, []
-        obs.add_hol_waits(samples)
+        if samples:
+            obs.add_hol_waits(samples)
         deltas = TickDeltas(outcome.rounds, outcome.drafted, outcome.accepted, int(bool(outcome.spec_rows)),
                             tuple(samples), num_waiting)
         return Committed(record, events, deltas)
@@ -283,6 +286,8 @@ def _shape_key(ragged: bool) -> ShapeKey:
 
 def _merge(emissions: list[Emission]) -> list[Emission]:
     """One emission per request per tick: a legacy burst streams as one lump."""
+    if len(emissions) < 2:
+        return emissions
     merged: dict[str, Emission] = {}
     for e in emissions:
         prev = merged.get(e.seq_id)

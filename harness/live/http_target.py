@@ -19,7 +19,7 @@ from harness.live import client
 from harness.live.solo import RULE as SOLO_RULE
 from harness.live.solo import solo_limit
 from harness.run import metrics
-from harness.run.checks import REAL_TIME_ALLOWANCE, check
+from harness.run.bounds import REAL_TIME_ALLOWANCE, check
 from harness.run.scenario import RequestSpec, Scenario
 from mocks import CostModel
 

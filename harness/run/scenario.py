@@ -9,13 +9,12 @@ them) and the checks that must hold in each mode.
 from __future__ import annotations
 
 import functools
-import random
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from coopsched.core import Priority, Request, SamplingParams, SchedulerConfig
-from harness.run.workload import Workload, WorkloadError
+from coopsched.core import Request, SchedulerConfig
+from harness.run.workload import RequestSpec, Workload, WorkloadError
 from mocks import CostModel
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
@@ -27,33 +26,6 @@ CHECK_NAMES = ("classic_itl", "burst_wall", "lump", "rotation", "window", "throu
 
 class ScenarioError(ValueError):
     """A scenario that cannot be found or loaded; the message says which file, which value, what is accepted."""
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    id: str
-    arrival_ms: float = 0.0
-    prompt_len: int = 16
-    prompt: str | None = None
-    max_tokens: int = 64
-    speculative: bool = True
-    priority: str = "normal"
-    temperature: float = 0.0
-    stop: tuple[str, ...] = ()
-    accept_script: tuple[int, ...] = ()
-
-    def prompt_tokens(self, seed: int) -> tuple[int, ...]:
-        if self.prompt is not None:
-            return tuple(self.prompt.encode("utf-8"))
-        rng = random.Random(f"prompt:{seed}:{self.id}")
-        return tuple(rng.randrange(32, 127) for _ in range(self.prompt_len))
-
-    def build(self, seed: int, speculative: bool | None = None) -> Request:
-        return Request(
-            id=self.id, prompt_token_ids=self.prompt_tokens(seed), max_tokens=self.max_tokens,
-            sampling=SamplingParams(self.temperature, seed if self.temperature > 0 else None),
-            stop=self.stop, speculative=self.speculative if speculative is None else speculative,
-            priority=Priority[self.priority.upper()], arrival_ms=self.arrival_ms)
 
 
 @dataclass(frozen=True)

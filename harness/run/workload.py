@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coopsched.core import Request
+from coopsched.core import Priority, Request, SamplingParams
 from coopsched.engine import Arrivals
 
 ARRIVALS = ("poisson", "gamma", "constant", "closed")
@@ -29,6 +30,33 @@ TRACE_LINE_KEYS = ("arrival_ms", "prompt_len", "prompt", "max_tokens", "speculat
 DEFAULT_PROMPT_LEN = 16  # RequestSpec's defaults
 DEFAULT_MAX_TOKENS = 64
 SALTS = {"arrival": 1, "prompt_len": 2, "max_tokens": 3, "speculative": 4}  # one stream per purpose
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    id: str
+    arrival_ms: float = 0.0
+    prompt_len: int = 16
+    prompt: str | None = None
+    max_tokens: int = 64
+    speculative: bool = True
+    priority: str = "normal"
+    temperature: float = 0.0
+    stop: tuple[str, ...] = ()
+    accept_script: tuple[int, ...] = ()
+
+    def prompt_tokens(self, seed: int) -> tuple[int, ...]:
+        if self.prompt is not None:
+            return tuple(self.prompt.encode("utf-8"))
+        rng = random.Random(f"prompt:{seed}:{self.id}")
+        return tuple(rng.randrange(32, 127) for _ in range(self.prompt_len))
+
+    def build(self, seed: int, speculative: bool | None = None) -> Request:
+        return Request(
+            id=self.id, prompt_token_ids=self.prompt_tokens(seed), max_tokens=self.max_tokens,
+            sampling=SamplingParams(self.temperature, seed if self.temperature > 0 else None),
+            stop=self.stop, speculative=self.speculative if speculative is None else speculative,
+            priority=Priority[self.priority.upper()], arrival_ms=self.arrival_ms)
 
 
 class WorkloadError(ValueError):
@@ -176,8 +204,6 @@ class Workload:
 
     def specs(self, seed: int) -> list:
         """The generated (or replayed) requests for this seed, in arrival order."""
-        from harness.run.scenario import RequestSpec
-
         n, ids = self.num_requests, self.ids()
         max_tokens = self.max_tokens.sample(_rng(seed, "max_tokens"), n).tolist()
         if self.arrival == "trace":

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan import Plan
-from ..policy import Decision, SchedulerView, decide_action
+from ..policy import DECIDED, Decision, SchedulerView, decide_action
 from ..types import ActionKind, Outcome, TickRecord, TickState
 
 
@@ -32,7 +32,7 @@ class FusedPolicy:
         self.is_sliced = config.draft_kind != "dflash"
 
     def decide(self, state: TickState, view: SchedulerView) -> Decision:
-        return Decision(decide_fused(state))
+        return DECIDED[decide_fused(state)]
 
     def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
         pass
