@@ -1,7 +1,7 @@
 """Where a request goes when it reaches the head of the prefill queue.
 
 A pure function of the request, the config and the speculative slot, so the
-(request shape x gates) -> outcome table can be golden-tested (DESIGN.md 3-4).
+(request shape x gates) -> outcome table can be golden-tested (README: "Environment gates").
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def _r(x) -> float | None:
 
 
 def tracked_metrics(trace: Mapping) -> dict[str, float | None]:
-    """The tracked metrics of one scenario x mode trace (CONTRACTS.md trace JSON), in virtual time.
+    """The tracked metrics of one scenario x mode trace (the README's trace JSON), in virtual time.
 
     ITL percentiles pool every classic request's raw gaps; None where the run has
     no such sample (no classic row, no speculative request).

@@ -1,6 +1,6 @@
 """Latency and throughput from raw per-token times (ms), with numpy; token accounting of streamed arrivals.
 
-Vocabulary as DESIGN.md section 7: TTFT, ITL (gaps between consecutive token
+Vocabulary as docs/architecture.md (metrics vocabulary): TTFT, ITL (gaps between consecutive token
 arrivals; one round's tokens arrive together), stall (largest ITL), TPOT.
 An arrival (one SSE event) of n tokens is n tokens at one time: n - 1 zero gaps
 inside it, never invented spacing. Every client, the locust files and

@@ -1,4 +1,4 @@
-"""Run one scenario in one mode and turn it into the trace JSON of CONTRACTS.md.
+"""Run one scenario in one mode and turn it into the trace JSON (README: "The trace JSON").
 
 `execute` runs the engine (virtual clock and mock by default, or any backend
 factory with a real clock) and records every token's visibility time;
