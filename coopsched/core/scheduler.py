@@ -10,17 +10,17 @@ reads no clock. Work per tick is proportional to the rows the tick touches.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from functools import partial
 
 from .config import SchedulerConfig
-from .dispatch import Route, dispatch
+from .dispatch import Route, dispatch, shape_key
 from .hol import HolBook, Samples
 from .kv import KVSlotPool
 from .modes import make_policy
 from .observability import BatchObservability
 from .plan import Plan
 from .policy import Decision, next_yield_flag
-from .queue import PrefillQueue, ShapeKey
+from .queue import PrefillQueue
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
 from .spec import SpecJob
@@ -44,7 +44,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, *, keep_history: bool = True) -> None:
         self.config = config
         self.policy = make_policy(config.mode, config)
-        self.queue = PrefillQueue(_shape_key(config.enable_ragged) if config.enable_batch else None)
+        self.queue = PrefillQueue(partial(shape_key, ragged=config.enable_ragged) if config.enable_batch else None)
         self.running: list[Request] = []
         self.job: SpecJob | None = None
         self.backlog = Backlog(config.backlog_cap, config.skip_cap)
@@ -275,13 +275,6 @@ class Scheduler:
             self.obs.add_burst(burst)
         reason = request.finish_reason or FinishReason.STOP
         return RequestOutcome(reason, request.served_speculatively, burst, request.error)
-
-
-def _shape_key(ragged: bool) -> ShapeKey:
-    """Window siblings: equal prompt length (unless ragged), same max_tokens and sampling."""
-    def key(r: Request) -> Hashable:
-        return (None if ragged else len(r.prompt_token_ids), r.max_tokens, r.sampling)
-    return key
 
 
 def _merge(emissions: list[Emission]) -> list[Emission]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import accumulate, pairwise
+from itertools import accumulate
 
 import numpy as np
 
@@ -79,11 +79,6 @@ def throughput(requests: Sequence[dict]) -> dict:
         spec_rate = 1000.0 * sum(len(r["token_ids"]) for r in spec) / spec_span if spec_span > 0 else None
     return {"aggregate_tok_s": 1000.0 * total / (end - start) if end > start else None,
             "spec_tok_s": spec_rate}
-
-
-def gaps_of(times_ms: Sequence[float]) -> list[tuple[float, float]]:
-    """(start, end) of every inter-token gap."""
-    return [(a, b) for a, b in pairwise(times_ms)]
 
 
 # -- token accounting of streamed arrivals ---------------------------------------------

@@ -22,7 +22,6 @@ from coopsched.core import Priority, Request, SamplingParams
 from coopsched.engine import Arrivals
 
 ARRIVALS = ("poisson", "gamma", "constant", "closed")
-OPEN_LOOP = ("poisson", "gamma", "constant")
 KEYS = ("num_requests", "arrival", "rate_per_s", "burstiness", "concurrency", "start_ms", "prompt_len",
         "max_tokens", "speculative_share", "accept_prob", "trace")
 TRACE_KEYS = ("trace", "max_tokens", "start_ms", "accept_prob")  # the file gives the rest
