@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from coopsched.core import Request, SchedulerConfig
-from harness.run.workload import RequestSpec, Workload, WorkloadError
+from harness.run.workload import RequestSpec, Workload, WorkloadError, read_text
 from mocks import CostModel
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
@@ -107,12 +107,7 @@ def _generated(workload: Workload, seed: int) -> tuple[RequestSpec, ...]:
 
 
 def _read_toml(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ScenarioError(f"scenario file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"cannot read scenario file {path}: {exc}") from None
+    text = read_text(path, "scenario file", ScenarioError)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -288,17 +288,22 @@ def _share(table: dict, key: str, default):
     return None if value is None else float(value)
 
 
+def read_text(path: Path, what: str, error: type[ValueError]) -> str:
+    """A file's text, or one clear error naming the file."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise error(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {what} {path}: {exc}") from None
+
+
 def read_trace(name, base_dir: Path) -> tuple[TraceLine, ...]:
     """A JSONL replay: one object per line (blank lines allowed), path relative to the scenario file."""
     if not isinstance(name, str) or not name:
         raise WorkloadError(f"[workload] trace = {json.dumps(name)}: want a path to a .jsonl file")
     path = (base_dir / name).resolve()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise WorkloadError(f"[workload] trace file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"[workload] cannot read trace file {path}: {exc}") from None
+    text = read_text(path, "[workload] trace file", WorkloadError)
     lines = [_trace_line(path, number, line) for number, line in enumerate(text.splitlines(), 1)
              if line.strip()]
     if not lines:

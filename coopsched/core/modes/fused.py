@@ -9,11 +9,9 @@ and a slice 0 (a prefill) cannot share the decode forward: it takes its own tick
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..plan import Plan
 from ..policy import DECIDED, Decision, SchedulerView, decide_action
-from ..types import ActionKind, Outcome, TickRecord, TickState
+from ..types import ActionKind, TickState
+from .slice import SlicePolicy
 
 
 def decide_fused(state: TickState) -> ActionKind:
@@ -27,12 +25,8 @@ def decide_fused(state: TickState) -> ActionKind:
     return ActionKind.SPEC_ROUND
 
 
-class FusedPolicy:
-    def __init__(self, config: Any) -> None:
-        self.is_sliced = config.draft_kind != "dflash"
+class FusedPolicy(SlicePolicy):
+    """Slice mode's rounds and bookkeeping; only the choice of action differs."""
 
     def decide(self, state: TickState, view: SchedulerView) -> Decision:
         return DECIDED[decide_fused(state)]
-
-    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
-        pass
