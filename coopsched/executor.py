@@ -47,10 +47,12 @@ class Executor:
 
     def run(self, plan: Plan) -> Outcome:
         out = Outcome()
+        job_rows = plan.job.rows if plan.job is not None else []
+        ended_before = frozenset(r.id for r in job_rows if r.is_finished)  # a window's finished rows
         try:
             self._run(plan, out)
         except BackendError as exc:
-            self._contain(plan, out, exc)
+            self._contain(plan, out, exc, ended_before)
         for seq_id in plan.release:
             self._release(seq_id)
         for emission in out.emissions:
@@ -126,7 +128,7 @@ class Executor:
         return [commit(r, [t], self.backend.eos_token_id, self.backend.detokenize) for r, t in zip(rows, tokens)]
 
     # -- containment ------------------------------------------------------------
-    def _contain(self, plan: Plan, out: Outcome, exc: BackendError) -> None:
+    def _contain(self, plan: Plan, out: Outcome, exc: BackendError, ended_before: frozenset[str]) -> None:
         """Finish the rows the failed call names with an error; every other row carries on.
 
         Model calls come before any commit within a slice, so the failed slice committed
@@ -142,7 +144,7 @@ class Executor:
             if not request.is_finished:
                 request.state, request.finish_reason = RequestState.FINISHED, FinishReason.ERROR
                 request.error = str(exc)
-        finishing = {e.seq_id for e in out.emissions if e.finish_reason is not None} | set(plan.release)
+        finishing = {e.seq_id for e in out.emissions if e.finish_reason is not None} | set(plan.release) | ended_before
         touched = {r.id: r for r in failed} | {r.id: r for r in job_rows}
         for request in touched.values():
             if request.is_finished and request.id not in finishing:
@@ -153,7 +155,7 @@ class Executor:
         out.error = str(exc)
         out.failed = tuple(r.id for r in failed)
         out.touched = tuple(touched)
-        out.spec_rows = tuple(i for i in touched if i in {r.id for r in job_rows})
+        out.spec_rows = tuple(i for i in touched if i in {r.id for r in job_rows} and i not in ended_before)
 
     def _release(self, seq_id: str) -> None:
         try:

@@ -200,3 +200,19 @@ def test_simulate_catches_the_plant_and_its_seed_replays(plant, monkeypatch, cap
     monkeypatch.undo()  # the same seed passes once the handling is back
     code, clean = _simulate(capsys, *shlex.split(replay)[2:])
     assert code == 0, clean
+
+
+def test_a_failure_after_a_window_row_ended_leaves_that_row_alone():
+    """Seed 4770's shape: a window row ends (cancelled), then a later round fails for its sibling. The
+    ended row gets no second finish event and is not booked as speculative work: it left the books."""
+    checked = make_checked(enable_batch=True, mode="slice")
+    checked.submit(Request("a", PROMPT, 12))
+    checked.submit(Request("b", PROMPT, 12))  # same shape: one window
+    checked.step()  # slice 0 of the window
+    checked.step()  # round 1
+    checked.cancel("a")
+    checked.step()  # round 2 stops "a" before its draft
+    assert checked.finished["a"] is FinishReason.STOP
+    checked.faulty.arm(Fault("raise", "verify", "b"))
+    finished = outcome(checked)
+    assert finished == {"a": FinishReason.STOP, "b": FinishReason.ERROR}
