@@ -15,12 +15,12 @@ measured decode and round ticks (never a burst) with a real-time allowance.
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_right
 from dataclasses import dataclass
 
 from coopsched.core.modes.cost import MIN_BLOCK_SIZE
 from coopsched.core.types import ActionKind, TickKind
+from harness.run import metrics
 
 EPS_MS = 1e-6
 REAL_TIME_ALLOWANCE = 1.5  # real clocks get the 1.5x allowance; virtual time is exact
@@ -96,7 +96,7 @@ def classic_gaps(run, terms: Terms):
         if r.served_speculatively:
             continue
         times = run.token_times[r.id]
-        for a, b in itertools.pairwise(times):
+        for a, b in metrics.gap_spans(times):
             inside = admissions[bisect_right(ends, a): bisect_right(ends, b)]
             extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in inside if t.kind.is_spec_admission)
             extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in inside if t.kind is TickKind.ADMIT)

@@ -9,8 +9,6 @@ wall-time figure); every mode's ratio is recorded for the tables.
 
 from __future__ import annotations
 
-import itertools
-
 from coopsched.core.types import TickKind
 from harness.run import metrics
 from harness.run.bounds import EPS_MS, GAP_BOUNDS, check, classic_gap_check, spec_action_ms, terms_of
@@ -63,7 +61,7 @@ def evaluate(run, *, classic, burst) -> list[dict]:
         else:
             out.append(classic_gap_check(run, terms, per_gap))
         if legacy and spec:
-            stall = max((max((b - a for a, b in itertools.pairwise(t)), default=0.0)
+            stall = max((max(metrics.itl(t), default=0.0)
                          for rid, t in run.token_times.items() if not run.by_id(rid).served_speculatively),
                         default=0.0)
             whole = max(b.burst_wall_ms for b in bursts.values())

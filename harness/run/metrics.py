@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 import numpy as np
 
@@ -119,6 +119,11 @@ def token_times(times: Sequence[float], counts: Sequence[int]) -> list[float]:
 def itl(token_times_ms: Sequence[float]) -> list[float]:
     """The ITL samples of per-token times: one per token after the first."""
     return np.diff(np.asarray(token_times_ms, dtype=float)).tolist()
+
+
+def gap_spans(token_times_ms: Sequence[float]) -> list[tuple[float, float]]:
+    """(start, end) of each inter-token gap, for asking what ran inside it."""
+    return list(pairwise(token_times_ms))
 
 
 def token_gaps(times: Sequence[float], counts: Sequence[int]) -> list[float]:
