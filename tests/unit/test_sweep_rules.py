@@ -3,6 +3,10 @@ per-token SLO, the /metrics deltas of a --target point, and the load lists it ac
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+
 import pytest
 
 from harness.run.slo import RequestTiming, Slo, meets, miss_reason, violations
@@ -130,3 +134,38 @@ def test_loads_parse(option, text, want):
 def test_loads_refuse_what_is_not_plain(option, text):
     with pytest.raises(SweepError, match=f"{option} item"):
         parse_loads(option, text)
+
+
+# -- the closed-loop driver of --target ---------------------------------------------------------
+class CountingTarget:
+    """A stand-in server: each stream takes ~2 ms of wall time; records how many were in flight."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = self.most = 0
+        self.spans: dict[str, tuple[float, float]] = {}
+
+    def stream(self, body: dict, out, origin_ns: int) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        start = (time.perf_counter_ns() - origin_ns) / 1e6
+        time.sleep(0.002)
+        out.sent_ms, out.token_times_ms, out.finish_reason = start, [start + 1.0], "length"
+        with self.lock:
+            self.in_flight -= 1
+            self.spans[out.spec.id] = (start, (time.perf_counter_ns() - origin_ns) / 1e6)
+
+
+@pytest.mark.parametrize("users", [1, 3], ids=["one-user", "three-users"])
+def test_closed_loop_driver_keeps_at_most_its_users_in_flight(users):
+    from harness.run.scenario import RequestSpec
+
+    specs = [RequestSpec(f"w{i:04d}", max_tokens=4) for i in range(9)]
+    target = CountingTarget()
+    outs = live.run_closed(target, specs, {s.id for s in specs}, users, 0.0, 0, None)
+    assert [o.spec.id for o in outs] == [s.id for s in specs] and all(o.finish_reason for o in outs)
+    assert target.most <= users and len(target.spans) == 9
+    if users == 1:  # one user: each request starts after the previous one ended
+        spans = [target.spans[s.id] for s in specs]
+        assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans))
