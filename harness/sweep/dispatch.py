@@ -47,9 +47,10 @@ def check_address(address: str) -> str:
 
 
 def run_cluster(tasks: Sequence[Task], address: str, on_done: OnDone | None = None,
-                timeout_s: float = CLUSTER_TIMEOUT_S) -> list[dict]:
+                timeout_s: float | None = None) -> list[dict]:
     """The points on an existing Dask scheduler's workers (which need coopsched installed)."""
     check_address(address)
+    timeout_s = CLUSTER_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         from distributed import Client
         from distributed import as_completed as completed
