@@ -257,5 +257,9 @@ def main(args: argparse.Namespace) -> int:
 
         index = sweep_page.write(done, args.out)
         console.print(f"sweep page: {index}", soft_wrap=True, highlight=False)
-    _write(STORE, text)
+    try:
+        _write(STORE, text)
+    except OSError as exc:  # a read-only working directory: the sweep itself ran and was printed
+        console.print(f"[yellow]not stored[/] as {STORE} ({exc.strerror or exc}); coopsched report will not show it",
+                      soft_wrap=True, highlight=False)
     return 0
