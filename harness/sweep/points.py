@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from coopsched.core import SchedulerConfig
+from coopsched.core import FinishReason, SchedulerConfig
 from harness.run import metrics, runner
 from harness.run.scenario import Scenario
 from harness.run.slo import RequestTiming, Slo, violations
@@ -94,7 +94,7 @@ def run_point(task: Task) -> dict:
     assert task.config is not None
     run = runner.execute(task.scenario, task.config, task.seed)
     timed = [Timed(r.id, r.arrival_ms, run.token_times[r.id], r.served_speculatively,
-                   (r.error or "error") if r.finish_reason is not None and r.finish_reason.value == "error" else None)
+                   (r.error or "error") if r.finish_reason is FinishReason.ERROR else None)
              for r in run.requests]
     return point(task, timed)
 
