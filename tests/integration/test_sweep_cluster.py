@@ -34,7 +34,8 @@ speculative_share = 0.3
 @contextmanager
 def dask(*args: str, log: Path):
     """`python -m dask ARGS` on loopback, stopped (SIGTERM, then SIGKILL) when the block ends."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "DASK_TEMPORARY_DIRECTORY": str(log.parent / "dask-scratch")}  # not /tmp/dask-scratch-space
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "dask", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
