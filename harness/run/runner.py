@@ -90,7 +90,7 @@ def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
     for r in run.requests:
         times = run.token_times[r.id]
         requests.append({
-            "id": r.id, "speculative": r.served_speculatively,
+            "id": r.id, "speculative": r.served_speculatively, "eligible": r.speculative,
             "prompt_token_ids": list(r.prompt_token_ids), "token_ids": list(r.output_token_ids),
             "token_times_ms": [_ms(t) for t in times], "arrival_ms": _ms(r.arrival_ms),
             "finish_reason": r.finish_reason.value if r.finish_reason else None,
