@@ -1,4 +1,4 @@
-"""The `coopsched` command: run, serve, model build, calibrate, report, simulate.
+"""The `coopsched` command: run, sweep, serve, model build, calibrate, report, simulate, judge.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
 `main(args) -> int`; modules are imported only when their command runs.
@@ -13,6 +13,7 @@ import sys
 # command -> (module, help)
 COMMANDS = {
     "run": ("harness.run.cli", "run scenarios and check their bounds"),
+    "sweep": ("harness.sweep.cli", "a workload at several loads x modes: per-token SLO attainment and capacity"),
     "serve": ("coopsched.server.cli", "OpenAI-compatible streaming server with /metrics"),
     "model": ("coopsched.backends.model_build", "build tiny seeded MLX models offline"),
     "calibrate": ("coopsched.backends.calibrate", "measure MLX costs into a mock cost profile"),

@@ -1,4 +1,4 @@
-"""Every MLXCEL_* gate in one table, parsed exactly as DESIGN.md section 4 says.
+"""Every MLXCEL_* gate in one table, parsed as the README's "Environment gates" table says.
 
 `Gates.parse(mapping)` is pure (tests feed it raw values); `Gates.from_env()` is
 the only place in coopsched that reads os.environ. Startup errors raise GateError

@@ -44,17 +44,20 @@ class Executor:
     def __init__(self, backend: ModelBackend) -> None:
         self.backend = backend
         self.release_errors: list[str] = []  # a failed release frees the slot anyway; kept for logs
-        self._live_job_rows: frozenset[str] = frozenset()  # the job's rows live when the tick began
 
     def run(self, plan: Plan) -> Outcome:
         out = Outcome()
-        self._live_job_rows = frozenset(r.id for r in plan.job.live_rows) if plan.job is not None else frozenset()
+        job_rows = plan.job.rows if plan.job is not None else []
+        ended_before = frozenset(r.id for r in job_rows if r.is_finished)  # a window's finished rows
         try:
             self._run(plan, out)
         except BackendError as exc:
-            self._contain(plan, out, exc)
-        for seq_id in [*plan.release, *(e.seq_id for e in out.emissions if e.finish_reason is not None)]:
+            self._contain(plan, out, exc, ended_before)
+        for seq_id in plan.release:
             self._release(seq_id)
+        for emission in out.emissions:
+            if emission.finish_reason is not None:
+                self._release(emission.seq_id)
         return out
 
     # -- the plan's work --------------------------------------------------------
@@ -155,7 +158,7 @@ class Executor:
         return [commit(r, [t], self.backend.eos_token_id, self.backend.detokenize) for r, t in zip(rows, tokens)]
 
     # -- containment ------------------------------------------------------------
-    def _contain(self, plan: Plan, out: Outcome, exc: BackendError) -> None:
+    def _contain(self, plan: Plan, out: Outcome, exc: BackendError, ended_before: frozenset[str]) -> None:
         """Finish the rows the failed call names with an error; every other row carries on.
 
         Model calls come before any commit within a slice, so the failed slice committed
@@ -164,16 +167,14 @@ class Executor:
         cancel reaped at the top of a round) still gets its finish event.
         """
         job = plan.job
-        # a window row that finished in an earlier tick was finalized then: it is not this tick's
-        job_rows = ([r for r in job.rows if r.id in self._live_job_rows]
-                    if job is not None and plan.kind is not TickKind.PARK else [])
+        job_rows = job.rows if job is not None and plan.kind is not TickKind.PARK else []
         by_id = {r.id: r for r in [*plan.rows, *job_rows]}
         failed = [by_id[i] for i in exc.seq_ids if i in by_id]
         for request in failed:
             if not request.is_finished:
                 request.state, request.finish_reason = RequestState.FINISHED, FinishReason.ERROR
                 request.error = str(exc)
-        finishing = {e.seq_id for e in out.emissions if e.finish_reason is not None} | set(plan.release)
+        finishing = {e.seq_id for e in out.emissions if e.finish_reason is not None} | set(plan.release) | ended_before
         touched = {r.id: r for r in failed} | {r.id: r for r in job_rows}
         for request in touched.values():
             if request.is_finished and request.id not in finishing:
@@ -186,7 +187,7 @@ class Executor:
         out.error = str(exc)
         out.failed = tuple(r.id for r in failed)
         out.touched = tuple(touched)
-        out.spec_rows = tuple(i for i in touched if i in {r.id for r in job_rows})
+        out.spec_rows = tuple(i for i in touched if i in {r.id for r in job_rows} and i not in ended_before)
 
     def _release(self, seq_id: str) -> None:
         try:

@@ -60,7 +60,7 @@ def _admission_ignores_kv(mp):
 
 def _error_not_contained(mp):
     """A failed model call takes the whole scheduler down instead of its requests."""
-    def reraise(self, plan, out, exc):
+    def reraise(self, plan, out, exc, *_):
         raise exc
     mp.setattr(executor_module.Executor, "_contain", reraise)
 
@@ -89,9 +89,9 @@ def _burst_drops_earlier_rounds(mp):
     """A failure late in a legacy burst loses the tokens its earlier rounds committed."""
     contain = executor_module.Executor._contain
 
-    def forgetting(self, plan, out, exc):
+    def forgetting(self, plan, out, exc, *rest):
         out.emissions.clear()
-        contain(self, plan, out, exc)
+        contain(self, plan, out, exc, *rest)
     mp.setattr(executor_module.Executor, "_contain", forgetting)
 
 
@@ -99,10 +99,10 @@ def _chunk_progress_kept(mp):
     """A failed chunk of slice 0 frees the siblings' caches but keeps their prefill progress."""
     contain = executor_module.Executor._contain
 
-    def remembering(self, plan, out, exc):
+    def remembering(self, plan, out, exc, *rest):
         rows = [r for r in plan.job.live_rows] if plan.job is not None else []
         progress = {r.id: r.num_prefilled for r in rows}
-        contain(self, plan, out, exc)
+        contain(self, plan, out, exc, *rest)
         for request in rows:
             if not request.is_finished:
                 request.num_prefilled = progress[request.id]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .modes import MODES
+from .modes import MODES, make_policy
 
 DRAFT_KINDS = ("auto", "mtp", "dflash")
 
@@ -57,7 +57,7 @@ class SchedulerConfig:
     @property
     def is_sliced(self) -> bool:
         """Whether speculative requests yield between rounds (dflash never does)."""
-        return self.mode != "burst" and self.draft_kind != "dflash"
+        return make_policy(self.mode, self).is_sliced  # the mode's own answer, not a second copy
 
     def with_(self, **overrides: Any) -> SchedulerConfig:
         return replace(self, **overrides)

@@ -1,12 +1,13 @@
 """Where a request goes when it reaches the head of the prefill queue.
 
 A pure function of the request, the config and the speculative slot, so the
-(request shape x gates) -> outcome table can be golden-tested (DESIGN.md 3-4).
+(request shape x gates) -> outcome table can be golden-tested (README: "Environment gates").
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 
 from .config import SchedulerConfig
 from .request import Request
@@ -24,10 +25,9 @@ def is_eligible(request: Request, config: SchedulerConfig) -> bool:
     return config.has_drafter and request.speculative and len(request.prompt_token_ids) > 0
 
 
-def same_shape(a: Request, b: Request, ragged: bool) -> bool:
-    """Window siblings: equal prompt length (unless ragged), same max_tokens and sampling."""
-    return ((ragged or len(a.prompt_token_ids) == len(b.prompt_token_ids))
-            and a.max_tokens == b.max_tokens and a.sampling == b.sampling)
+def shape_key(request: Request, ragged: bool) -> Hashable:
+    """Window siblings share it: prompt length (unless ragged), max_tokens and sampling."""
+    return (None if ragged else len(request.prompt_token_ids), request.max_tokens, request.sampling)
 
 
 def dispatch(request: Request, config: SchedulerConfig, *, slot_busy: bool,

@@ -62,12 +62,16 @@ class HolBook:
 
     def end_batch_wait(self, num_batch: int) -> Samples:
         """The batch was served: each of its rows' waits ends."""
+        if not self._batch_wait:
+            return []
         out = _sample(self._batch_wait, num_batch)
         self._batch_wait = 0.0
         return out
 
     def end_queue_wait(self, num_queued: int) -> Samples:
         """A classic tick ends the stretch for every queued request."""
+        if not self._queue_wait and not self._joined:
+            return []
         out = _sample(self._queue_wait, num_queued - sum(g.count for g in self._joined))
         for group in self._joined:
             out += _sample(group.wait, group.count)

@@ -48,6 +48,9 @@ class TickPolicy(Protocol):
         """Learn from a committed tick, before its finished rows are finalized."""
 
 
+DECIDED = {action: Decision(action) for action in ActionKind}  # a policy's plain answers, made once
+
+
 def wants_prefill(state: TickState) -> bool:
     """A prefill is due: an admission fits the batch, or a chunked prefill is under way, and
     (chunking) no prefill ran since the decode rows were last served."""

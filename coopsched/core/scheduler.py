@@ -10,10 +10,10 @@ reads no clock. Work per tick is proportional to the rows the tick touches.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from functools import partial
 
 from .config import SchedulerConfig
-from .dispatch import Route, dispatch, is_eligible
+from .dispatch import Route, dispatch, is_eligible, shape_key
 from .hol import HolBook, Samples
 from .kv import KVSlotPool
 from .modes import make_policy
@@ -21,7 +21,7 @@ from .observability import BatchObservability
 from .plan import Plan
 from .policy import Decision, next_yield_flag
 from .prefill import Budget, book_prefill, prefill_kind, prefill_tokens, slice0_spans, spans_for
-from .queue import PrefillQueue, ShapeKey
+from .queue import PrefillQueue
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
 from .spec import SpecJob
@@ -47,7 +47,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, *, keep_history: bool = True) -> None:
         self.config = config
         self.policy = make_policy(config.mode, config)
-        self.queue = PrefillQueue(_shape_key(config.enable_ragged) if config.enable_batch else None)
+        self.queue = PrefillQueue(partial(shape_key, ragged=config.enable_ragged) if config.enable_batch else None)
         self.running: list[Request] = []
         self.prefilling: list[Request] = []      # classic rows admitted, prompts not yet all prefilled
         self.job: SpecJob | None = None
@@ -105,7 +105,7 @@ class Scheduler:
         has_room = num_free and num_admitted < self.config.max_batch_size
         chunked = self.config.is_chunked
         upcoming = (self.job or self.backlog.next_grant()) if chunked else None  # the next speculative job
-        return TickState(has_spec_work=self.has_spec_work, num_running=len(self.running),
+        return TickState(has_spec_work=self.job is not None or len(self.backlog) > 0, num_running=len(self.running),
                          max_batch_size=self.config.max_batch_size,
                          num_admissible=num_queued if has_room else 0,
                          has_parked_prefill=bool(self.prefilling), last_was_spec=self.last_was_spec,
@@ -115,10 +115,11 @@ class Scheduler:
 
     # -- planning -------------------------------------------------------------
     def schedule(self) -> Plan:
-        self._reap_cancelled()
+        if self._cancelled:
+            self._reap_cancelled()
         state = self.tick_state()
         decision = self.policy.decide(state, self)
-        release = tuple(e.seq_id for e in self._reaped)
+        release = tuple(e.seq_id for e in self._reaped) if self._reaped else ()
         if decision.action is ActionKind.PREFILL:
             return self._plan_admission(state, release)
         if decision.action in (ActionKind.SPEC_ROUND, ActionKind.FUSED):
@@ -216,7 +217,8 @@ class Scheduler:
         kind, ids = (TickKind.ERROR, outcome.touched) if outcome.error else (plan.kind, plan.request_ids)
         record = TickRecord(start_ms, end_ms, plan.action, kind, ids,
                             prefill_tokens(plan) if kind is TickKind.CHUNK else ())
-        self._book_job(plan, outcome)
+        if plan.job is not None:
+            self._book_job(plan, outcome)
         self.policy.observe(plan, outcome, record, self)
         obs = self.obs
         obs.rounds += outcome.rounds
@@ -233,7 +235,8 @@ class Scheduler:
         events = [TokenEvent(e.seq_id, e.token_ids, end_ms, e.finish_reason, outcomes.get(e.seq_id))
                   for e in _merge(emissions) if e.token_ids or e.finish_reason is not None]
         samples, self._hol_samples = self._hol_samples, []
-        obs.add_hol_waits(samples)
+        if samples:
+            obs.add_hol_waits(samples)
         deltas = TickDeltas(outcome.rounds, outcome.drafted, outcome.accepted, int(bool(outcome.spec_rows)),
                             tuple(samples), num_waiting)
         return Committed(record, events, deltas)
@@ -333,15 +336,10 @@ class Scheduler:
         return RequestOutcome(reason, request.served_speculatively, burst, request.error)
 
 
-def _shape_key(ragged: bool) -> ShapeKey:
-    """Window siblings: equal prompt length (unless ragged), same max_tokens and sampling."""
-    def key(r: Request) -> Hashable:
-        return (None if ragged else len(r.prompt_token_ids), r.max_tokens, r.sampling)
-    return key
-
-
 def _merge(emissions: list[Emission]) -> list[Emission]:
     """One emission per request per tick: a legacy burst streams as one lump."""
+    if len(emissions) < 2:
+        return emissions
     merged: dict[str, Emission] = {}
     for e in emissions:
         prev = merged.get(e.seq_id)

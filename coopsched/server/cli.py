@@ -1,7 +1,7 @@
 """`coopsched serve`: the OpenAI-compatible streaming server (FastAPI + uvicorn) on one engine thread.
 
 The mock pays its cost by sleeping precisely (RealClock); the MLXCEL_* gates
-decide the scheduler mode as DESIGN.md section 4 says (`--mode` wins over them).
+decide the scheduler mode as the README's "Environment gates" says (`--mode` wins over them).
 """
 
 from __future__ import annotations

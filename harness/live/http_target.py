@@ -19,7 +19,7 @@ from harness.live import client
 from harness.live.solo import RULE as SOLO_RULE
 from harness.live.solo import solo_limit
 from harness.run import metrics
-from harness.run.checks import REAL_TIME_ALLOWANCE, check
+from harness.run.bounds import REAL_TIME_ALLOWANCE, check
 from harness.run.scenario import RequestSpec, Scenario
 from mocks import CostModel
 
@@ -194,7 +194,7 @@ def classic_gap_check(outs: list[Streamed], terms: CostTerms, per_gap: int) -> d
     for o in outs:
         if o.is_speculative:
             continue
-        for a, b in zip(o.token_times_ms, o.token_times_ms[1:]):
+        for a, b in metrics.gap_spans(o.token_times_ms):
             inside = _pending(outs, a, b, o)
             ms = terms.decode + per_gap * terms.spec_action
             ms += sum(terms.admission[p.spec.id] + terms.spec_action for p in inside)

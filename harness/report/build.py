@@ -4,6 +4,7 @@ Runs every scenario in every mode of `coopsched run` (virtual time, seed 0),
 reads the stored bench runs (reports/benchmarks/, pytest-benchmark's files) for
 the trends, and compares the tracked metrics with the committed baseline.
 `--update-baseline` moves reports/baseline/ to the current metrics on purpose.
+The latest `coopsched sweep` (reports/sweeps/latest.json), when there is one, gets a section.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from coopsched.core import MODES
-from harness.report import gate, history, plots
+from harness.report import gate, history, plots, sweep_page
 from harness.run import runner, scenario
+from harness.sweep.cli import STORE as SWEEP_STORE
 
 DEFAULT_OUT = Path("reports") / "latest"
 TIMELINE_SCENARIO = "concurrency2"
@@ -37,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--update-baseline", action="store_true",
                         help="move the baseline to the current tracked metrics (commit the result)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the scenario runs (default 0)")
+    parser.add_argument("--sweep", type=Path, default=SWEEP_STORE, metavar="PATH",
+                        help=f"the sweep to show, when it exists (default {SWEEP_STORE}: the latest coopsched sweep)")
 
 
 def git_commit(short: bool = False) -> str | None:
@@ -71,6 +75,7 @@ class Report:
     baseline: dict
     baseline_dir: Path = gate.BASELINE_DIR
     images: dict[str, str] = field(default_factory=dict)   # key -> file name
+    sweep: dict | None = None                              # the latest coopsched sweep, shown when stored
     plotted: dict = field(default_factory=dict)           # key -> the data each figure plotted
 
     @property
@@ -92,14 +97,14 @@ def _save(fig, path: Path) -> None:
 
 def build(out: Path = DEFAULT_OUT, storage: Path = history.DEFAULT_STORAGE,
           baseline_dir: Path = gate.BASELINE_DIR, seed: int = 0, console: Console | None = None,
-          traces: list[dict] | None = None) -> Report:
+          traces: list[dict] | None = None, sweep_path: Path | None = SWEEP_STORE) -> Report:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     traces = traces if traces is not None else collect_traces(seed, console)
     metrics = gate.metrics_of(traces)
     baseline = gate.load_baseline(baseline_dir)
     report = Report(out, traces, metrics, gate.compare(metrics, baseline), history.load_runs(storage), baseline,
-                    Path(baseline_dir))
+                    Path(baseline_dir), sweep=sweep_page.load(sweep_path) if sweep_path else None)
     figures = []
     by_scenario: dict[str, list[dict]] = {}
     for t in traces:
@@ -114,6 +119,9 @@ def build(out: Path = DEFAULT_OUT, storage: Path = history.DEFAULT_STORAGE,
     for key, name, (fig, data) in figures:
         _save(fig, out / name)
         report.images[key], report.plotted[key] = name, data
+    if report.sweep is not None:
+        for key, (name, data) in sweep_page.render_figures(report.sweep, out).items():
+            report.images[f"sweep:{key}"], report.plotted[f"sweep:{key}"] = name, data
     (out / "index.html").write_text(render_html(report))
     (out / "summary.md").write_text(render_markdown(report))
     (out / "data.json").write_text(json.dumps({
@@ -122,6 +130,8 @@ def build(out: Path = DEFAULT_OUT, storage: Path = history.DEFAULT_STORAGE,
         "gate": [f.__dict__ for f in report.findings],
         "stored_runs": [{"path": str(r.path), "commit": r.commit, "datetime": r.datetime} for r in report.runs],
         "images": report.images, "plotted": report.plotted,  # what each figure drew, for tests and tools
+        "sweep": report.sweep and {"path": str(sweep_path), "scenario": report.sweep["scenario"],
+                                   "capacity": report.sweep["capacity"]},
     }, default=str) + "\n")
     return report
 
@@ -256,6 +266,15 @@ def _glance_table(report: Report) -> str:
             + "".join(body) + "</table>")
 
 
+def _sweep_section(report: Report) -> str:
+    if report.sweep is None:
+        return ""
+    images = {k.split(":", 1)[1]: v for k, v in report.images.items() if k.startswith("sweep:")}
+    return (f"<h2 id='sweep-section'>Latest sweep: capacity per mode under a per-token SLO</h2>"
+            f"{sweep_page.section(report.sweep, images)}<p class='meta'>Stored by <code>coopsched sweep</code> "
+            "(reports/sweeps/latest.json, replaced by the next sweep).</p>")
+
+
 def render_html(report: Report) -> str:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cards = "".join(f"<div class='card {'ok' if ok else 'bad'}'><b>{html.escape(title)}</b>{html.escape(text)}</div>"
@@ -268,6 +287,7 @@ def render_html(report: Report) -> str:
     timelines = [k for k in report.images if k.startswith("timeline:")]
     trends = "".join(img(f"trend:{m.name}", m.title) for m in gate.TRACKED)
     others = "".join(f"<h3>{k.split(':', 1)[1]}</h3>{img(k, k)}" for k in timelines[1:])
+    sweep_link = '<a href="#sweep-section">latest sweep</a>' if report.sweep is not None else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>coopsched report</title><style>{CSS}</style></head>
 <body>
@@ -276,7 +296,7 @@ def render_html(report: Report) -> str:
 {len({t['scenario'] for t in report.traces})} scenarios x {len(_modes(report))} modes ({', '.join(_modes(report))}),
 virtual time, seed {report.traces[0].get('seed', 0) if report.traces else 0}</div>
 <nav><a href="#timeline">1 timeline</a><a href="#cdf">2 classic ITL CDF</a><a href="#trends">3 trends</a>
-<a href="#checks-section">4 checks</a><a href="#metrics-section">tracked metrics</a></nav>
+<a href="#checks-section">4 checks</a><a href="#metrics-section">tracked metrics</a>{sweep_link}</nav>
 <div class="cards">{cards}</div>{gate_list}
 {_glance_table(report)}
 <h2 id="timeline">1. Tick timeline: {TIMELINE_SCENARIO}, one panel per mode</h2>
@@ -295,6 +315,7 @@ speculative request.</p>
 <p>Coloured against the baseline in <code>{html.escape(str(report.baseline_dir))}</code>: red worse by more than 1%,
 green better, blue not in the baseline yet.</p>{_metrics_table(report)}
 <h2>Timelines of the other scenarios</h2>{others}
+{_sweep_section(report)}
 <p class="meta">Regenerate: <code>coopsched report</code>. Move the baseline on purpose:
 <code>coopsched report --update-baseline</code>, then commit reports/baseline/.</p>
 </body></html>
@@ -317,6 +338,10 @@ def render_markdown(report: Report) -> str:
         bad = [c["name"] for c in t["checks"] if not c["ok"]]
         lines.append(f"| {t['scenario']} | {t['mode']} | {len(t['checks']) - len(bad)}/{len(t['checks'])} | "
                      f"{', '.join(bad) or '-'} |")
+    if report.sweep is not None:
+        lines += ["", "## Latest sweep", "", sweep_page.describe(report.sweep), "",
+                  "capacity: " + ", ".join(f"{mode} {'none' if load is None else f'{load:g}'}"
+                                           for mode, load in report.sweep["capacity"].items())]
     lines += ["", f"Open `{report.out / 'index.html'}` for the plots."]
     return "\n".join(lines) + "\n"
 
@@ -328,10 +353,12 @@ def main(args: argparse.Namespace) -> int:
         written = gate.write_baseline(gate.metrics_of(traces), args.baseline, commit=git_commit(), seed=args.seed)
         console.print(f"baseline moved: {len(written)} file(s) in {args.baseline}; commit them with the change",
                       soft_wrap=True)
-    report = build(args.out, args.storage, args.baseline, args.seed, console, traces=traces)
+    report = build(args.out, args.storage, args.baseline, args.seed, console, traces=traces, sweep_path=args.sweep)
     for ok, title, text in _verdicts(report):
         console.print(f"{'[green]ok[/]' if ok else '[red]FAIL[/]'}  {title}: {text}", highlight=False, soft_wrap=True)
     for f in report.gate_failures:
         console.print(f"   [red]{f.verdict}[/] {f.describe()}", highlight=False, soft_wrap=True)
+    if report.sweep is not None:
+        console.print(f"latest sweep: {sweep_page.describe(report.sweep)}", highlight=False, soft_wrap=True)
     console.print(f"report: {report.out / 'index.html'}  (summary: {report.out / 'summary.md'})", soft_wrap=True)
     return 0

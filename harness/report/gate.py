@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.run import metrics
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASELINE_DIR = REPO_ROOT / "reports" / "baseline"
 TOLERANCE = 0.01  # relative: worse by more than 1% fails
@@ -49,15 +51,15 @@ def _r(x) -> float | None:
 
 
 def tracked_metrics(trace: Mapping) -> dict[str, float | None]:
-    """The tracked metrics of one scenario x mode trace (CONTRACTS.md trace JSON), in virtual time.
+    """The tracked metrics of one scenario x mode trace (the README's trace JSON), in virtual time.
 
     ITL percentiles pool every classic request's raw gaps; None where the run has
     no such sample (no classic row, no speculative request).
     """
     requests = trace["requests"]
-    classic_gaps = np.concatenate([np.diff(r["token_times_ms"]) for r in requests
-                                   if not r["speculative"] and len(r["token_times_ms"]) > 1] or [[]])
-    all_gaps = [float(np.max(np.diff(r["token_times_ms"]))) for r in requests if len(r["token_times_ms"]) > 1]
+    classic_gaps = np.asarray([g for r in requests if not r["speculative"] for g in metrics.itl(r["token_times_ms"])],
+                              dtype=float)
+    all_gaps = [max(metrics.itl(r["token_times_ms"])) for r in requests if len(r["token_times_ms"]) > 1]
     spec_ttft = [r["token_times_ms"][0] - r["arrival_ms"] for r in requests
                  if r["speculative"] and r["token_times_ms"]]
     obs = trace["observability"]

@@ -4,7 +4,7 @@
 (what `tox -e bench` runs) saves one `<machine>/<NNNN>_<commit>_<date>.json` per
 run. Each holds, per benchmark, its timing stats and the `extra_info` the bench
 suite filled: the tracked virtual-time metrics per scenario x mode (kind
-"scenario") and the wall-time figures (kind "tick", "scenario").
+"scenario") and the wall-time figures (kind "tick", "scenario", "scale").
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ def _parse(path: Path) -> StoredRun:
                 acc[i] += value or 0.0
         elif kind == "tick":
             run.wall[f"tick us: B={extra['batch_size']}"] = stats.get("mean", 0.0) * 1e6
+        elif kind == "scale":  # the whole `coopsched run` command on an overloaded workload
+            run.wall[f"tokens per CPU-s: {extra['workload']} (whole command)"] = extra.get("tokens_per_cpu_s")
+            run.wall[f"peak RSS MB: {extra['workload']}"] = extra.get("peak_rss_mb")
     for name, (tokens, cpu_s, virtual_ms, wall_ms) in sorted(sums.items()):
         run.wall[f"tokens per CPU-s: {name}"] = tokens / cpu_s if cpu_s else None
         run.wall[f"virtual/wall: {name}"] = virtual_ms / wall_ms if wall_ms else None

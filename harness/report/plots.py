@@ -15,6 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from harness.report.gate import BY_NAME
+from harness.run import metrics
 
 # what ran in a tick, keyed by action (prefill split by what it did)
 KIND_STYLE = {
@@ -78,7 +79,7 @@ def timeline_data(trace: Mapping) -> dict:
     classic = [r for r in trace["requests"] if not r["speculative"] and len(r["token_times_ms"]) > 1]
     stall = None
     for r in classic:
-        gaps = np.diff(r["token_times_ms"])
+        gaps = metrics.itl(r["token_times_ms"])
         i = int(np.argmax(gaps))
         if stall is None or gaps[i] > stall[2] - stall[1]:
             a, b = r["token_times_ms"][i], r["token_times_ms"][i + 1]
@@ -156,8 +157,7 @@ def timeline_figure(traces: Sequence[Mapping]) -> tuple[Figure, list[dict]]:
 
 
 def classic_gaps(trace: Mapping) -> list[float]:
-    return [float(g) for r in trace["requests"] if not r["speculative"]
-            for g in np.diff(r["token_times_ms"])]
+    return [g for r in trace["requests"] if not r["speculative"] for g in metrics.itl(r["token_times_ms"])]
 
 
 def itl_cdf_figure(traces: Sequence[Mapping]) -> tuple[Figure, dict]:

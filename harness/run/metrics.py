@@ -1,6 +1,6 @@
 """Latency and throughput from raw per-token times (ms), with numpy; token accounting of streamed arrivals.
 
-Vocabulary as DESIGN.md section 7: TTFT, ITL (gaps between consecutive token
+Vocabulary as docs/architecture.md (metrics vocabulary): TTFT, ITL (gaps between consecutive token
 arrivals; one round's tokens arrive together), stall (largest ITL), TPOT.
 An arrival (one SSE event) of n tokens is n tokens at one time: n - 1 zero gaps
 inside it, never invented spacing. Every client, the locust files and
@@ -81,11 +81,6 @@ def throughput(requests: Sequence[dict]) -> dict:
             "spec_tok_s": spec_rate}
 
 
-def gaps_of(times_ms: Sequence[float]) -> list[tuple[float, float]]:
-    """(start, end) of every inter-token gap."""
-    return [(a, b) for a, b in pairwise(times_ms)]
-
-
 # -- token accounting of streamed arrivals ---------------------------------------------
 def token_counts(counts: Sequence[int | None], text_lengths: Sequence[int],
                  completion_tokens: int | None) -> list[int]:
@@ -124,6 +119,11 @@ def token_times(times: Sequence[float], counts: Sequence[int]) -> list[float]:
 def itl(token_times_ms: Sequence[float]) -> list[float]:
     """The ITL samples of per-token times: one per token after the first."""
     return np.diff(np.asarray(token_times_ms, dtype=float)).tolist()
+
+
+def gap_spans(token_times_ms: Sequence[float]) -> list[tuple[float, float]]:
+    """(start, end) of each inter-token gap, for asking what ran inside it."""
+    return list(pairwise(token_times_ms))
 
 
 def token_gaps(times: Sequence[float], counts: Sequence[int]) -> list[float]:

@@ -1,4 +1,4 @@
-"""Run one scenario in one mode and turn it into the trace JSON of CONTRACTS.md.
+"""Run one scenario in one mode and turn it into the trace JSON (README: "The trace JSON").
 
 `execute` runs the engine (virtual clock and mock by default, or any backend
 factory with a real clock) and records every token's visibility time;
@@ -90,7 +90,7 @@ def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
     for r in run.requests:
         times = run.token_times[r.id]
         requests.append({
-            "id": r.id, "speculative": r.served_speculatively,
+            "id": r.id, "speculative": r.served_speculatively, "eligible": r.speculative,
             "prompt_token_ids": list(r.prompt_token_ids), "token_ids": list(r.output_token_ids),
             "token_times_ms": [_ms(t) for t in times], "arrival_ms": _ms(r.arrival_ms),
             "finish_reason": r.finish_reason.value if r.finish_reason else None,

@@ -9,13 +9,12 @@ them) and the checks that must hold in each mode.
 from __future__ import annotations
 
 import functools
-import random
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from coopsched.core import Priority, Request, SamplingParams, SchedulerConfig
-from harness.run.workload import Workload, WorkloadError
+from coopsched.core import Request, SchedulerConfig
+from harness.run.workload import RequestSpec, Workload, WorkloadError, read_text
 from mocks import CostModel
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
@@ -28,33 +27,6 @@ CHECK_NAMES = ("classic_itl", "prefill_stall", "burst_wall", "lump", "rotation",
 
 class ScenarioError(ValueError):
     """A scenario that cannot be found or loaded; the message says which file, which value, what is accepted."""
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    id: str
-    arrival_ms: float = 0.0
-    prompt_len: int = 16
-    prompt: str | None = None
-    max_tokens: int = 64
-    speculative: bool = True
-    priority: str = "normal"
-    temperature: float = 0.0
-    stop: tuple[str, ...] = ()
-    accept_script: tuple[int, ...] = ()
-
-    def prompt_tokens(self, seed: int) -> tuple[int, ...]:
-        if self.prompt is not None:
-            return tuple(self.prompt.encode("utf-8"))
-        rng = random.Random(f"prompt:{seed}:{self.id}")
-        return tuple(rng.randrange(32, 127) for _ in range(self.prompt_len))
-
-    def build(self, seed: int, speculative: bool | None = None) -> Request:
-        return Request(
-            id=self.id, prompt_token_ids=self.prompt_tokens(seed), max_tokens=self.max_tokens,
-            sampling=SamplingParams(self.temperature, seed if self.temperature > 0 else None),
-            stop=self.stop, speculative=self.speculative if speculative is None else speculative,
-            priority=Priority[self.priority.upper()], arrival_ms=self.arrival_ms)
 
 
 @dataclass(frozen=True)
@@ -136,12 +108,7 @@ def _generated(workload: Workload, seed: int) -> tuple[RequestSpec, ...]:
 
 
 def _read_toml(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ScenarioError(f"scenario file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"cannot read scenario file {path}: {exc}") from None
+    text = read_text(path, "scenario file", ScenarioError)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -98,8 +98,18 @@ def miss_reason(slo: Slo, r: RequestTiming) -> str | None:
     return None
 
 
+def violations(slo: Slo, r: RequestTiming) -> tuple[str, ...]:
+    """Every way r misses the SLO, () when it meets it: "failed" (an error or no token), or
+    "ttft" and/or "itl" (a request can miss on both; `coopsched sweep` counts each cause)."""
+    if r.error or r.ttft_ms is None:
+        return ("failed",)
+    ttft = slo.ttft_ms is not None and r.ttft_ms > slo.ttft_ms
+    itl = slo.itl_ms is not None and any(gap > slo.itl_ms for gap in r.gaps_ms)
+    return ("ttft",) * ttft + ("itl",) * itl
+
+
 def meets(slo: Slo, r: RequestTiming) -> bool:
-    return miss_reason(slo, r) is None
+    return not violations(slo, r)
 
 
 def attainment(slo: Slo, requests: Sequence[RequestTiming]) -> float | None:

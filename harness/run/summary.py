@@ -1,6 +1,6 @@
 """The modes side by side: one row per scenario x mode from the trace JSON.
 
-Columns (DESIGN.md section 7 vocabulary): classic stall (largest classic ITL),
+Columns (docs/architecture.md vocabulary): classic stall (largest classic ITL),
 the same over only the gaps that contain speculative work (the HOL stall; the
 rest is classic admissions), classic ITL p99 (pooled over every classic
 request's gaps), speculative request tokens/s, aggregate tokens/s, and the

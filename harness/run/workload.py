@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from coopsched.core import Request
+from coopsched.core import Priority, Request, SamplingParams
 from coopsched.engine import Arrivals
 
 ARRIVALS = ("poisson", "gamma", "constant", "closed")
-OPEN_LOOP = ("poisson", "gamma", "constant")
 KEYS = ("num_requests", "arrival", "rate_per_s", "burstiness", "concurrency", "start_ms", "prompt_len",
         "max_tokens", "speculative_share", "accept_prob", "trace")
 TRACE_KEYS = ("trace", "max_tokens", "start_ms", "accept_prob")  # the file gives the rest
@@ -29,6 +29,33 @@ TRACE_LINE_KEYS = ("arrival_ms", "prompt_len", "prompt", "max_tokens", "speculat
 DEFAULT_PROMPT_LEN = 16  # RequestSpec's defaults
 DEFAULT_MAX_TOKENS = 64
 SALTS = {"arrival": 1, "prompt_len": 2, "max_tokens": 3, "speculative": 4}  # one stream per purpose
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    id: str
+    arrival_ms: float = 0.0
+    prompt_len: int = 16
+    prompt: str | None = None
+    max_tokens: int = 64
+    speculative: bool = True
+    priority: str = "normal"
+    temperature: float = 0.0
+    stop: tuple[str, ...] = ()
+    accept_script: tuple[int, ...] = ()
+
+    def prompt_tokens(self, seed: int) -> tuple[int, ...]:
+        if self.prompt is not None:
+            return tuple(self.prompt.encode("utf-8"))
+        rng = random.Random(f"prompt:{seed}:{self.id}")
+        return tuple(rng.randrange(32, 127) for _ in range(self.prompt_len))
+
+    def build(self, seed: int, speculative: bool | None = None) -> Request:
+        return Request(
+            id=self.id, prompt_token_ids=self.prompt_tokens(seed), max_tokens=self.max_tokens,
+            sampling=SamplingParams(self.temperature, seed if self.temperature > 0 else None),
+            stop=self.stop, speculative=self.speculative if speculative is None else speculative,
+            priority=Priority[self.priority.upper()], arrival_ms=self.arrival_ms)
 
 
 class WorkloadError(ValueError):
@@ -176,8 +203,6 @@ class Workload:
 
     def specs(self, seed: int) -> list:
         """The generated (or replayed) requests for this seed, in arrival order."""
-        from harness.run.scenario import RequestSpec
-
         n, ids = self.num_requests, self.ids()
         max_tokens = self.max_tokens.sample(_rng(seed, "max_tokens"), n).tolist()
         if self.arrival == "trace":
@@ -263,17 +288,22 @@ def _share(table: dict, key: str, default):
     return None if value is None else float(value)
 
 
+def read_text(path: Path, what: str, error: type[ValueError]) -> str:
+    """A file's text, or one clear error naming the file."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise error(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {what} {path}: {exc}") from None
+
+
 def read_trace(name, base_dir: Path) -> tuple[TraceLine, ...]:
     """A JSONL replay: one object per line (blank lines allowed), path relative to the scenario file."""
     if not isinstance(name, str) or not name:
         raise WorkloadError(f"[workload] trace = {json.dumps(name)}: want a path to a .jsonl file")
     path = (base_dir / name).resolve()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise WorkloadError(f"[workload] trace file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"[workload] cannot read trace file {path}: {exc}") from None
+    text = read_text(path, "[workload] trace file", WorkloadError)
     lines = [_trace_line(path, number, line) for number, line in enumerate(text.splitlines(), 1)
              if line.strip()]
     if not lines:

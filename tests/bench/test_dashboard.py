@@ -18,7 +18,7 @@ pytestmark = pytest.mark.bench
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "coopsched.json"
 
-# CONTRACTS.md "Prometheus names": counters (exported with _total), histograms, gauges
+# the README's metric names: counters (exported with _total), histograms, gauges
 CONTRACT_COUNTERS = ("coopsched_spec_rounds_total", "coopsched_spec_draft_tokens_total",
                      "coopsched_spec_accepted_tokens_total", "coopsched_spec_slices_total")
 CONTRACT_HISTOGRAMS = ("coopsched_burst_wall_seconds", "coopsched_hol_wait_seconds",

@@ -26,7 +26,7 @@ PLANTS = ("no-containment", "no-cancel", "plain-shutdown")
 
 def plant(name: str) -> None:
     if name == "no-containment":
-        def reraise(self, plan, out, exc):
+        def reraise(self, plan, out, exc, *_):
             raise exc
         Executor._contain = reraise
     elif name == "no-cancel":

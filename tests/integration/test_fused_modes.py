@@ -7,8 +7,9 @@ import pytest
 
 from coopsched.cli import main as cli
 from coopsched.core import MODES
-from harness.run import mode_checks, runner, scenario, trace_json
-from harness.run.checks import terms_of
+from harness.run import bounds, runner, scenario, trace_json
+from harness.run import checks as checks_module
+from harness.run.bounds import terms_of
 from harness.run.scenario import SCENARIO_DIR
 from harness.run.summary import summary_row
 from mocks import CostModel, MockBackend
@@ -40,7 +41,7 @@ def test_both_modes_are_in_every_mode_list():
 def test_fused_stall_is_one_fused_step_beyond_admission(name):
     scen = scenario.load(name)
     run = runner.execute(scen, runner.scenario_config(scen, "fused"))
-    step = mode_checks.fused_step_ms(run)
+    step = bounds.fused_step_ms(run)
     cost = runner.scenario_cost(scen, 0)
     spec_prompt = next(len(r.prompt_token_ids) for r in run.requests if r.served_speculatively)
     admission = cost.slice0(spec_prompt) + step  # slice 0 is a prefill: it runs alone, once
@@ -98,7 +99,7 @@ def _as_mode(run, mode, **overrides):
 def test_fused_bound_fails_on_a_burst_or_an_alternating_run(name, impostor):
     scen = scenario.load(name)
     run = _as_mode(runner.execute(scen, runner.scenario_config(scen, impostor)), "fused")
-    verdict = mode_checks.fused_gap_check(run, terms_of(run))
+    verdict = bounds.fused_gap_check(run, terms_of(run))
     assert verdict["holds"] is False and verdict["value"] > verdict["bound"]
 
 
@@ -115,7 +116,7 @@ def test_fused_bound_fails_when_the_forward_is_not_fused(monkeypatch):
 def test_budget_bound_fails_on_a_burst_or_on_slices_under_a_tight_budget(name, impostor):
     scen = scenario.load(name)
     run = _as_mode(runner.execute(scen, runner.scenario_config(scen, impostor)), "cost", hol_budget_ms=20.0)
-    verdict = mode_checks.budget_gap_check(run, terms_of(run))
+    verdict = bounds.budget_gap_check(run, terms_of(run))
     assert verdict["holds"] is False  # slice: decode + one K = 4 round is 25 ms or more > 20 ms
 
 
@@ -134,7 +135,7 @@ def test_throughput_check_fails_when_fusing_costs_throughput(monkeypatch):
     scen = scenario.load("concurrency2")
     burst = runner.execute(scen, runner.scenario_config(scen, "burst"))
     slow = runner.execute(scen, runner.scenario_config(scen, "burst"), backend_factory=_slower(1.1))
-    (verdict,) = mode_checks.throughput_checks(_as_mode(slow, "fused"), burst)
+    (verdict,) = checks_module.throughput_checks(_as_mode(slow, "fused"), burst)
     assert verdict["holds"] is False and verdict["value"] == pytest.approx(1 / 1.1, rel=1e-3)
 
     # a combined forward that costs more than its parts (every position priced at decode(B) x width)
@@ -215,6 +216,6 @@ def test_throughput_is_gated_in_virtual_time_only():
     slow = _as_mode(runner.execute(scen, runner.scenario_config(scen, "burst"), backend_factory=_slower(1.5)),
                     "fused")
     slow.clock_kind = "real"
-    (verdict,) = mode_checks.throughput_checks(slow, burst)
+    (verdict,) = checks_module.throughput_checks(slow, burst)
     assert verdict.get("skipped") and "0.667" in verdict["note"]
     assert slow.extra["ratio_to_burst"] == pytest.approx(1 / 1.5, rel=1e-3)

@@ -1,5 +1,7 @@
 """Traces stored before the plan/execute/commit redesign: the same seed still gives the same bytes.
 
+Stored again once since, when each trace request gained `eligible` (a check showed nothing else moved).
+
 Regenerate only on purpose (a behaviour change someone decided on), with
 `python tests/integration/test_golden_traces.py` and a commit message that says why.
 """

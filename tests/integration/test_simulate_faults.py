@@ -132,19 +132,6 @@ def test_a_failed_chunk_of_a_window_restarts_every_sibling_from_its_first_token(
     assert_reference(checked, "w1")
 
 
-def test_a_window_failing_after_one_row_finished_does_not_finish_that_row_again():
-    """Found by `coopsched simulate --seeds 1 --start 4770`: a cancelled window row, finalized in an
-    earlier tick, was touched again by the failure containment (a KeyError in the books)."""
-    checked = make_checked(enable_batch=True)
-    submit(checked, ("w1", True), ("w2", True))
-    checked.step()  # slice 0 of the window
-    checked.cancel("w2")
-    checked.step()  # the round stops w2 at its top
-    assert checked.finished == {"w2": FinishReason.STOP}
-    checked.faulty.arm(Fault("generic", "draft", ANY))
-    assert outcome(checked) == {"w1": FinishReason.ERROR, "w2": FinishReason.STOP}
-
-
 def test_a_failed_row_of_a_batched_prefill_ends_alone_and_its_batch_retries():
     checked = make_checked(max_batch_prefill=3, prefill_chunk_tokens=5)
     submit(checked, ("a", False), ("b", False), ("c", False))
@@ -238,3 +225,19 @@ def test_simulate_catches_the_plant_and_its_seed_replays(plant, monkeypatch, cap
     monkeypatch.undo()  # the same seed passes once the handling is back
     code, clean = _simulate(capsys, *shlex.split(replay)[2:])
     assert code == 0, clean
+
+
+def test_a_failure_after_a_window_row_ended_leaves_that_row_alone():
+    """Seed 4770's shape: a window row ends (cancelled), then a later round fails for its sibling. The
+    ended row gets no second finish event and is not booked as speculative work: it left the books."""
+    checked = make_checked(enable_batch=True, mode="slice")
+    checked.submit(Request("a", PROMPT, 12))
+    checked.submit(Request("b", PROMPT, 12))  # same shape: one window
+    checked.step()  # slice 0 of the window
+    checked.step()  # round 1
+    checked.cancel("a")
+    checked.step()  # round 2 stops "a" before its draft
+    assert checked.finished["a"] is FinishReason.STOP
+    checked.faulty.arm(Fault("raise", "verify", "b"))
+    finished = outcome(checked)
+    assert finished == {"a": FinishReason.STOP, "b": FinishReason.ERROR}

@@ -1,4 +1,4 @@
-"""decide_action as a table (DESIGN.md section 2), and the yield flag."""
+"""decide_action as a table (docs/architecture.md, the tick loop), and the yield flag."""
 
 import pytest
 

@@ -10,11 +10,9 @@ a chunked slice 0 alternates its chunks with plain decode steps.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..plan import Plan
-from ..policy import Decision, SchedulerView, decide_action, wants_prefill
-from ..types import ActionKind, Outcome, TickRecord, TickState
+from ..policy import DECIDED, Decision, SchedulerView, decide_action, wants_prefill
+from ..types import ActionKind, TickState
+from .slice import SlicePolicy
 
 
 def decide_fused(state: TickState) -> ActionKind:
@@ -30,12 +28,8 @@ def decide_fused(state: TickState) -> ActionKind:
     return ActionKind.SPEC_ROUND
 
 
-class FusedPolicy:
-    def __init__(self, config: Any) -> None:
-        self.is_sliced = config.draft_kind != "dflash"
+class FusedPolicy(SlicePolicy):
+    """Slice mode's rounds and bookkeeping; only the choice of action differs."""
 
     def decide(self, state: TickState, view: SchedulerView) -> Decision:
-        return Decision(decide_fused(state))
-
-    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
-        pass
+        return DECIDED[decide_fused(state)]

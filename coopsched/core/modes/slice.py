@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan import Plan
-from ..policy import Decision, SchedulerView, decide_action
+from ..policy import DECIDED, Decision, SchedulerView, decide_action
 from ..types import Outcome, TickRecord, TickState
 
 
@@ -18,7 +18,7 @@ class SlicePolicy:
         self.is_sliced = config.draft_kind != "dflash"
 
     def decide(self, state: TickState, view: SchedulerView) -> Decision:
-        return Decision(decide_action(state))
+        return DECIDED[decide_action(state)]
 
     def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
         pass

@@ -1,0 +1,256 @@
+"""Every mode's bound on classic inter-token gaps, in one place, and the cost terms they use.
+
+Bounds come from the cost model's terms (decode step at the batch size, one round,
+the request's slice 0, a prefill tick's spans), never from measured tick maxima, which would absorb the very
+burst they exist to catch; with a real backend and no cost model the terms are the
+measured decode and round ticks (never a burst) with a real-time allowance.
+- slice (and burst, where it must fail): every classic gap <= decode + one speculative
+  action, + the admission work inside the gap (a slice 0, another row's prefill);
+- fused: every classic gap <= one fused step (drafting + one forward of the classic rows
+  and the K verify positions of each speculative row), + the admission work;
+- cost: every classic gap <= `hol_budget_ms`, unless admissions inside the gap (+ the
+  decode) already exceed it, or the budget is below the floor (a decode + the smallest
+  round), which the arbiter cannot beat and then alternates at;
+- chunked prefill (`prefill_stall`, every mode): every classic gap <= a decode step + one
+  chunk + one speculative action where a round ran in the gap. Each chunk tick inside a gap
+  is admission work at its own priced cost, a batched admission at its prompts' one forward.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from coopsched.core.modes.cost import MIN_BLOCK_SIZE
+from coopsched.core.types import ActionKind, TickKind
+from harness.run import metrics
+
+EPS_MS = 1e-6
+REAL_TIME_ALLOWANCE = 1.5  # real clocks get the 1.5x allowance; virtual time is exact
+
+
+def check(name: str, holds: bool | None, value, bound, expect: str = "pass", note: str = "") -> dict:
+    """A check record; holds=None means skipped (not a failure)."""
+    if holds is None:
+        return {"name": name, "ok": True, "skipped": True, "value": None, "bound": None,
+                "expect": expect, "note": note}
+    value = round(value, 6) if isinstance(value, float) else value
+    bound = round(bound, 6) if isinstance(bound, float) else bound
+    return {"name": name, "ok": bool(holds) == (expect == "pass"), "holds": bool(holds),
+            "value": value, "bound": bound, "expect": expect, "note": note}
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The cost terms bounds are built from, for one run."""
+    decode_ms: float      # a decode step at the largest classic batch
+    round_ms: float       # one round at the widest speculative job
+    slice0_ms: dict       # per speculative request: its job's slice 0
+    prefill_ms: dict      # per classic request: its admission (classic work, not HOL)
+    factor: float         # jitter or real-time allowance
+    tick_ms: dict = field(default_factory=dict)        # tick index -> a chunk tick's or batched admission's prefill
+    spec_chunk_ms: dict = field(default_factory=dict)  # per speculative request: its costliest chunk of slice 0
+
+    @property
+    def spec_action_ms(self) -> float:
+        return max([self.round_ms, *self.slice0_ms.values()])
+
+
+def is_job_admission(run, tick) -> bool:
+    """A tick that admitted a speculative job: its slice 0 whole, or the first chunk of it."""
+    return tick.kind.is_spec_admission or (tick.kind is TickKind.CHUNK and tick.action is ActionKind.PREFILL
+                                           and run.by_id(tick.request_ids[0]).served_speculatively)
+
+
+def widest_job(run) -> int:
+    """Rows in the widest speculative job the run admitted (1 unless a B > 1 window ran)."""
+    return max((len(t.request_ids) for t in run.ticks if is_job_admission(run, t)), default=1)
+
+
+def prefill_ticks(run, cost) -> dict:
+    """Tick index -> the prefill of a chunk tick or a batched admission: priced from its spans
+    (a speculative row's chunk also feeds the drafter), or its wall on a real clock."""
+    out = {}
+    for i, t in enumerate(run.ticks):
+        if t.kind is TickKind.CHUNK:
+            spans = [(n, run.by_id(rid).served_speculatively) for rid, n in zip(t.request_ids, t.prefill_tokens) if n]
+        elif t.kind is TickKind.ADMIT and len(t.request_ids) > 1:
+            spans = [(len(run.by_id(rid).prompt_token_ids), False) for rid in t.request_ids]
+        else:
+            continue
+        out[i] = cost.prefill_batch(spans) if cost is not None else t.wall_ms
+    return out
+
+
+def spec_chunks(run, tick_ms: dict) -> dict:
+    """Per speculative request: its costliest chunk tick (the longest it held the classic rows)."""
+    out: dict[str, float] = {}
+    for i, ms in tick_ms.items():
+        t = run.ticks[i]
+        for rid in t.request_ids if t.kind is TickKind.CHUNK else ():
+            if run.by_id(rid).served_speculatively:
+                out[rid] = max(out.get(rid, 0.0), ms)
+    return out
+
+
+def worst_gap(pairs) -> tuple[float, float] | None:
+    """The (gap, bound) pair that exceeds its bound the most (or comes closest)."""
+    return max(pairs, key=lambda p: p[0] - p[1], default=None)
+
+
+def terms_of(run) -> Terms:
+    windows = {rid: t.request_ids for t in run.ticks if t.kind.is_spec_admission
+               for rid in t.request_ids}
+    num_classic = sum(not r.served_speculatively for r in run.requests)
+    widest = widest_job(run)
+    k = run.config.block_size
+    if run.cost is not None:
+        cost = run.cost
+        prompt = {r.id: len(r.prompt_token_ids) for r in run.requests}
+        slice0 = {rid: sum(cost.slice0(prompt[i]) for i in ids) for rid, ids in windows.items()}
+        prefill = {rid: cost.prefill(n) for rid, n in prompt.items()}
+        tick_ms = prefill_ticks(run, cost)
+        return Terms(cost.decode(max(num_classic, 1)), cost.round(k, widest), slice0, prefill,
+                     cost.max_jitter_factor, tick_ms, spec_chunks(run, tick_ms))
+    # Real backend with no cost model: the classic and round terms from decode and round
+    # ticks (never prefill ticks, where a burst hides), with the real-time allowance.
+    walls = lambda action: [t.wall_ms for t in run.ticks
+                            if t.action is action and t.kind not in (TickKind.BURST, TickKind.CHUNK)]
+    decode = max(walls(ActionKind.DECODE), default=0.0)
+    round_ms = max(walls(ActionKind.SPEC_ROUND), default=0.0)
+    slice0: dict[str, float] = {}
+    for t in run.ticks:
+        if t.kind in (TickKind.SLICE0, TickKind.WINDOW):  # a window's admission prefills all of its rows
+            for rid in t.request_ids:
+                slice0[rid] = max(slice0.get(rid, 0.0), t.wall_ms)
+    prefill = {t.request_ids[0]: t.wall_ms for t in run.ticks if t.kind is TickKind.ADMIT}
+    tick_ms = prefill_ticks(run, None)
+    return Terms(decode, round_ms, slice0, prefill, REAL_TIME_ALLOWANCE, tick_ms, spec_chunks(run, tick_ms))
+
+
+def gap_ticks(run, kinds):
+    """For every classic inter-token gap (a, b): (b - a, the ticks of those kinds inside it, by index)."""
+    picked = [i for i, t in enumerate(run.ticks) if t.kind in kinds]
+    ends = [run.ticks[i].end_ms for i in picked]  # ticks end in order: a gap's ticks are one slice
+    for r in run.requests:
+        if r.served_speculatively:
+            continue
+        for a, b in metrics.gap_spans(run.token_times[r.id]):
+            yield b - a, picked[bisect_right(ends, a): bisect_right(ends, b)]
+
+
+ADMISSIONS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST, TickKind.ADMIT, TickKind.CHUNK})
+
+
+def classic_gaps(run, terms: Terms):
+    """Every classic inter-token gap (ms) with the admission work inside it: slice 0s, classic
+    prefills, chunks (each a tick's own prefill, classic or speculative)."""
+    ticks, priced = run.ticks, terms.tick_ms
+    for gap, inside in gap_ticks(run, ADMISSIONS):
+        whole = [ticks[i] for i in inside if i not in priced]
+        extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind.is_spec_admission)
+        extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind is TickKind.ADMIT)
+        extra += sum(priced[i] for i in inside if i in priced)
+        yield gap, extra
+
+
+def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
+    """Every classic gap <= decode + A x (one speculative action), + slice 0 once at admission.
+
+    Classic admissions inside a gap (other rows' prefills) are classic work and add their cost.
+    """
+    expect = "pass" if run.config.is_sliced else "fail"
+    base = terms.decode_ms + spec_actions_per_gap * terms.spec_action_ms
+    worst = worst_gap((gap, (base + extra) * terms.factor) for gap, extra in classic_gaps(run, terms))
+    if worst is None:
+        return check("classic_itl", None, None, None, expect, "no classic gaps")
+    return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
+                 f"decode + {spec_actions_per_gap} spec action(s), + slice 0 at admission")
+
+
+def _num_classic_rows(run) -> int:
+    num_classic = sum(not r.served_speculatively for r in run.requests)
+    return max(min(num_classic, run.config.max_batch_size), 1)
+
+
+def fused_step_ms(run) -> float:
+    """One fused tick: K-1 drafts, then ONE forward of width classic rows + widest job x K."""
+    k = run.config.block_size
+    if run.cost is None:  # real backend: the longest fused tick measured
+        return max((t.wall_ms for t in run.ticks if t.action is ActionKind.FUSED), default=0.0)
+    return run.cost.draft(k - 1) + run.cost.decode(_num_classic_rows(run) + widest_job(run) * k)
+
+
+def spec_action_ms(run, terms: Terms) -> tuple[float, str]:
+    """The longest speculative tick but slice 0: one round, or in fused mode a fused step
+    (which also decodes the classic rows, so it may outlast a lone round)."""
+    if run.config.mode == "fused":
+        return max(terms.round_ms, fused_step_ms(run)), "one round or fused step"
+    return terms.round_ms, "one round"
+
+
+def budget_floor_ms(run, terms: Terms) -> float:
+    """The smallest classic gap with any speculation in it: a decode + the smallest round."""
+    if run.cost is None:
+        return terms.decode_ms + terms.round_ms
+    return terms.decode_ms + run.cost.round(MIN_BLOCK_SIZE, widest_job(run))
+
+
+def fused_gap_check(run, terms: Terms) -> dict:
+    step = fused_step_ms(run)
+    worst = worst_gap((gap, (step + extra) * terms.factor) for gap, extra in classic_gaps(run, terms))
+    if worst is None:
+        return check("classic_itl", None, None, None, note="no classic gaps")
+    return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1],
+                 note=f"one fused step ({step:.3f} ms), + slice 0 / prefill at admission")
+
+
+def budget_gap_check(run, terms: Terms) -> dict:
+    budget = run.config.hol_budget_ms
+    floor = budget_floor_ms(run, terms)
+    worst = worst_gap((gap, max(budget, terms.decode_ms + extra, floor) * terms.factor)
+                   for gap, extra in classic_gaps(run, terms))
+    if worst is None:
+        return check("classic_itl", None, None, None, note="no classic gaps")
+    note = f"hol budget {budget:g} ms" + (f" (below the floor {floor:.3f} ms)" if floor > budget else "")
+    return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1],
+                 note=note + ", or admissions + decode when they alone exceed it")
+
+
+GAP_BOUNDS = {"fused": fused_gap_check, "cost": budget_gap_check}  # slice, burst: classic_gap_check
+
+
+ROUND_KINDS = frozenset({TickKind.ROUND, TickKind.GRANT, TickKind.FUSED, TickKind.SLICE0})
+SPEC_PREFILL_KINDS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.CHUNK, TickKind.BURST})
+
+
+def chunk_ms(run, terms: Terms, num_tokens: int, with_draft: bool) -> float:
+    """One full chunk: priced, or on a real clock the costliest prefill tick of at most that many tokens."""
+    if run.cost is not None:
+        return run.cost.chunk(num_tokens, with_draft)
+    return max([ms for i, ms in terms.tick_ms.items() if sum(run.ticks[i].prefill_tokens) <= num_tokens],
+               default=0.0)
+
+
+def prefill_stall_check(run, terms: Terms, chunk_tokens: int) -> dict:
+    """Every classic gap <= a decode step + one chunk of `chunk_tokens` (with the drafter when a
+    speculative prefill ran in the gap) + one speculative action where a round ran in it (cost
+    mode: its budget's worth). Without chunking the whole prefill sits in one gap and it fails."""
+    expect = "pass" if run.config.is_sliced else "fail"
+    if chunk_tokens <= 0:
+        return check("prefill_stall", None, None, None, expect, "no chunk size: set chunk_tokens or chunking")
+    spec_ms = spec_action_ms(run, terms)[0]
+    if run.config.mode == "cost":
+        spec_ms = max(spec_ms, run.config.hol_budget_ms - terms.decode_ms)
+    ticks, pairs = run.ticks, []
+    for gap, inside in gap_ticks(run, ROUND_KINDS | SPEC_PREFILL_KINDS):
+        spec_prefill = any(ticks[i].kind in SPEC_PREFILL_KINDS and
+                           run.by_id(ticks[i].request_ids[0]).served_speculatively for i in inside)
+        has_round = any(ticks[i].kind in ROUND_KINDS and ticks[i].action is not ActionKind.PREFILL for i in inside)
+        bound = terms.decode_ms + chunk_ms(run, terms, chunk_tokens, spec_prefill) + (spec_ms if has_round else 0.0)
+        pairs.append((gap, bound * terms.factor))
+    worst = worst_gap(pairs)
+    if worst is None:
+        return check("prefill_stall", None, None, None, expect, "no classic gaps")
+    return check("prefill_stall", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
+                 f"decode + one {chunk_tokens}-token chunk (+ one speculative action where a round ran)")

@@ -1,0 +1,70 @@
+"""`coopsched sweep --target URL`: a concurrency ladder against a live `coopsched serve`, each rung
+a real-time closed loop with the server's /metrics deltas (rounds and slices per rung)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from e2e_servers import serve
+
+from coopsched.cli import main as cli
+
+pytestmark = pytest.mark.e2e
+
+LADDER = """
+[workload]
+num_requests = 8
+arrival = "closed"
+concurrency = 1
+prompt_len = 16
+max_tokens = 24
+speculative_share = 0.5
+"""
+
+
+@pytest.fixture
+def ladder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the sweep stores reports/sweeps/latest.json here
+    path = tmp_path / "ladder.toml"
+    path.write_text(LADDER)
+    return path
+
+
+def test_a_concurrency_ladder_fills_metrics_delta_per_rung(ladder, tmp_path, capsys):
+    out = tmp_path / "ladder.json"
+    with serve("--decode-ms", "2", "--round-ms", "8") as served:
+        code = cli(["sweep", str(ladder), "--concurrency", "1,2,4", "--seeds", "1", "--slo", "itl_ms=500",
+                    "--target", served.url, "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    sweep = json.loads(out.read_text())
+    assert (sweep["clock"], sweep["load_kind"], sweep["target"]) == ("real", "concurrency", served.url)
+    assert [(p["mode"], p["load"], p["requests"]) for p in sweep["points"]] == [
+        ("slice", 1, 8), ("slice", 2, 8), ("slice", 4, 8)]  # the server's own mode
+    for p in sweep["points"]:
+        delta = p["metrics_delta"]
+        assert delta["coopsched_time_to_first_token_seconds_count"] == 8  # this rung's requests, no warm-up
+        assert delta["coopsched_spec_rounds_total"] > 0
+        assert delta["coopsched_spec_slices_total"] >= delta["coopsched_spec_rounds_total"]
+        assert delta["coopsched_inter_token_latency_seconds_count"] == 8 * 23  # one sample per gap, labels summed
+        assert not any(name.endswith(("_created", "_bucket")) for name in delta)
+        assert "coopsched_requests_running" not in delta  # gauges are not deltas
+    assert "rounds" in printed and "slices" in printed and "capacity" in printed
+    rows = sweep["summary"]["slice"]
+    assert [r["metrics_delta"]["coopsched_spec_rounds_total"] for r in rows] == [
+        p["metrics_delta"]["coopsched_spec_rounds_total"] for p in sweep["points"]]
+
+
+def test_an_open_loop_point_against_a_server_and_a_mode_it_does_not_run(ladder, tmp_path, capsys):
+    ladder.write_text(LADDER.replace('arrival = "closed"\nconcurrency = 1', 'arrival = "poisson"\nrate_per_s = 5'))
+    out = tmp_path / "rates.json"
+    with serve("--decode-ms", "2", "--round-ms", "8", "--mode", "fused") as served:
+        assert cli(["sweep", str(ladder), "--rates", "40", "--seeds", "1", "--target", served.url,
+                    "--json", str(out)]) == 0
+        (point,) = json.loads(out.read_text())["points"]
+        assert point["mode"] == "fused" and point["metrics_delta"]["coopsched_time_to_first_token_seconds_count"] == 8
+        capsys.readouterr()
+        assert cli(["sweep", str(ladder), "--rates", "40", "--mode", "slice", "--target", served.url]) == 2
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("error: --mode slice: the server at") and "runs fused" in line
