@@ -65,7 +65,8 @@ def terms_of(run) -> Terms:
         prompt = {r.id: len(r.prompt_token_ids) for r in run.requests}
         slice0 = {rid: sum(cost.slice0(prompt[i]) for i in ids) for rid, ids in windows.items()}
         prefill = {rid: cost.prefill(n) for rid, n in prompt.items()}
-        return Terms(cost.decode(max(num_classic, 1)), cost.round(k, widest), slice0, prefill,
+        # a round between classic steps also pays the path switch into it and out of it
+        return Terms(cost.decode(max(num_classic, 1)), cost.round(k, widest) + 2 * cost.switch_ms, slice0, prefill,
                      cost.max_jitter_factor)
     # Real backend with no cost model: the classic and round terms from decode and round
     # ticks (never prefill ticks, where a burst hides), with the real-time allowance.

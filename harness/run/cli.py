@@ -63,11 +63,7 @@ def backend_factory(args: argparse.Namespace):
         from mocks import CostModel
         profile = CostModel.load(args.cost)
 
-        def with_profile(clock, scen, seed):
-            backend = runner.mock_backend(clock, scen, seed)
-            backend.cost = runner.scenario_cost(scen, seed, profile)
-            return backend
-        return with_profile
+        return lambda clock, scen, seed: runner.mock_backend(clock, scen, seed, profile)
     return runner.mock_backend
 
 

@@ -32,7 +32,8 @@ def fused_step_ms(run) -> float:
     k = run.config.block_size
     if run.cost is None:  # real backend: the longest fused tick measured
         return max((t.wall_ms for t in run.ticks if t.action is ActionKind.FUSED), default=0.0)
-    return run.cost.draft(k - 1) + run.cost.decode(_num_classic_rows(run) + widest_job(run) * k)
+    # priced as the backend computes it (CostModel.fused_padding), after at most one path switch
+    return run.cost.fused_step(_num_classic_rows(run), k, widest_job(run)) + run.cost.switch_ms
 
 
 def spec_action_ms(run, terms: Terms) -> tuple[float, str]:
