@@ -14,7 +14,7 @@ from coopsched.clock import ManualClock, RealClock
 from coopsched.core import MODES
 from coopsched.env import GateError
 from harness.run import runner, scenario, trace_json
-from harness.run.summary import print_summary
+from harness.run.summary import print_summary, ratios_against_printed_burst
 
 
 def positive_ms(text: str) -> float:
@@ -100,6 +100,7 @@ def main(args: argparse.Namespace) -> int:
     except (GateError, ValueError) as exc:  # one line, as written: no markup, no wrapping
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         return 2
+    ratios_against_printed_burst(traces)
     print_table(console, traces)
     print_summary(console, traces)
     if args.json:
