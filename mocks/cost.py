@@ -44,7 +44,7 @@ class CostModel:
     jitter: float = 0.0
     seed: int = 0
     # -- fidelity terms (calibrate, issue 13); each default is today's behaviour -------------
-    round_ms: list | None = None          # [verify width = rows x K, ms] of a whole round; None: draft + verify
+    round_ms: list | None = None          # [K, ms] of a whole one-row round; None: draft + verify
     fused_padding: str = "ragged"         # what a fused forward computes: ragged | padded | split
     switch_ms: float = 0.0                # a switch between the classic and the speculative path
     jitter_quantiles: dict | None = None  # term -> quantiles of charge / mean charge; None: uniform `jitter`
@@ -102,9 +102,10 @@ class CostModel:
 
     def round(self, block_size: int, rows: int = 1) -> float:
         """One speculative round: K-1 drafts (rows drafted together) and one verify of rows*K
-        (or the whole-round term `round_ms` at width rows*K, when the profile has one)."""
+        (or, when the profile has the whole-round term, `round_ms` at K plus the verify of the
+        other rows' positions)."""
         if self.round_ms is not None:
-            return self._round_total(rows * block_size)
+            return self._round_total(block_size, rows)
         return self.draft(block_size - 1) + self.verify(rows * block_size)
 
     def slice0(self, prompt_len: int) -> float:
@@ -126,7 +127,7 @@ class CostModel:
     # -- fidelity terms ---------------------------------------------------------
     def _check_fidelity_terms(self) -> None:
         if self.round_ms is not None and (not self.round_ms or any(len(p) != 2 or p[1] < 0 for p in self.round_ms)):
-            raise ValueError(f"round_ms={self.round_ms!r}: want null or a non-empty list of [width, ms >= 0] pairs")
+            raise ValueError(f"round_ms={self.round_ms!r}: want null or a non-empty list of [K, ms >= 0] pairs")
         if self.fused_padding not in FUSED_PADDINGS:
             raise ValueError(f"fused_padding={self.fused_padding!r}: want one of {', '.join(FUSED_PADDINGS)}")
         if not self.switch_ms >= 0:
@@ -139,10 +140,12 @@ class CostModel:
             if len(qs) < 2 or qs[0] < 0 or any(b < a for a, b in pairwise(qs)):
                 raise ValueError(f"jitter_quantiles[{term!r}]={qs!r}: want >= 2 non-decreasing factors >= 0")
 
-    def _round_total(self, width: int) -> float:
-        key = ("round", width)
+    def _round_total(self, block_size: int, rows: int) -> float:
+        """The whole-round term: one row's round of K, plus a window's other rows (their verify width)."""
+        key = ("round", block_size, rows)
         if key not in self._memo:
-            self._memo[key] = _interp(self.round_ms, width)
+            extra = self.verify(rows * block_size) - self.verify(block_size) if rows > 1 else 0.0
+            self._memo[key] = _interp(self.round_ms, block_size) + extra
         return self._memo[key]
 
     def verify_charge(self, width: int, num_drafts: int) -> float:
@@ -150,7 +153,8 @@ class CostModel:
         or with a whole-round term, what the round leaves once the drafts are paid."""
         if self.round_ms is None:
             return self.verify(width)
-        return max(self._round_total(width) - self.draft(num_drafts), 0.0)
+        k = num_drafts + 1
+        return max(self._round_total(k, max(width // k, 1)) - self.draft(num_drafts), 0.0)
 
     def fused_forward(self, num_classic: int, widths: list[int]) -> float:
         """One fused forward over `num_classic` decode rows and verify rows of `widths` positions:

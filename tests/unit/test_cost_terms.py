@@ -139,10 +139,12 @@ def test_a_switch_widens_the_slice_bound_by_two_switches():
 
 # -- a whole round as one term ---------------------------------------------------------------------
 def test_round_term_prices_the_round_and_the_verify_takes_the_rest():
-    cost = CostModel(round_ms=[[4, 42.0], [8, 70.0]], draft_per_token_ms=0.0)
-    assert cost.round(K) == 42.0 and cost.round(K, 2) == 70.0 and cost.round(K, 3) == 98.0
-    assert cost.verify_charge(K, K - 1) == 42.0
+    cost = CostModel(round_ms=[[2, 20.0], [4, 42.0]], draft_per_token_ms=0.0, verify_ms=[[1, 5.0], [16, 35.0]])
+    assert cost.round(K) == 42.0 and cost.round(2) == 20.0 and cost.round(3) == 31.0
+    assert cost.round(K, 2) == 42.0 + cost.verify(8) - cost.verify(4)  # a window's other row: its verify width
+    assert cost.verify_charge(K, K - 1) == 42.0 and cost.verify_charge(2, 1) == 20.0
     drafting = CostModel(round_ms=[[4, 42.0]], draft_per_token_ms=4.0)
+    assert drafting.round(K) == drafting.round(2) == 42.0  # one point: every K alike
     assert drafting.verify_charge(K, K - 1) == 30.0
     assert sum(charged(drafting, [DRAFT, VERIFY])) == 42.0
 
@@ -190,7 +192,7 @@ def test_profile_acceptance_is_the_fallback_of_the_mock_drafter():
     pytest.param("fused_padding", "dense", "ragged, padded, split", id="padding"),
     pytest.param("switch_ms", -1.0, ">= 0", id="negative-switch"),
     pytest.param("accept_prob", 1.5, "[0, 1]", id="acceptance"),
-    pytest.param("round_ms", [[4]], "[width, ms >= 0]", id="round-points"),
+    pytest.param("round_ms", [[4]], "[K, ms >= 0]", id="round-points"),
     pytest.param("jitter_quantiles", {"decode": [1.2, 0.9]}, "non-decreasing", id="quantiles-order"),
     pytest.param("jitter_quantiles", {"tick": [1.0, 1.0]}, "unknown term 'tick'", id="quantiles-term"),
 ])
