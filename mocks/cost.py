@@ -6,8 +6,8 @@ up to +/- `jitter`. A profile is JSON with the same field names.
 
 The fidelity terms (a whole round as one term, how a fused forward is padded, a
 classic/speculative switch overhead, fitted per-term jitter, the drafter's
-measured acceptance) each default to today's behaviour, so old profiles keep
-their meaning; `coopsched calibrate` fits them.
+measured acceptance) each default to the price the mock charged before them, so
+old profiles and scenarios keep their meaning; `coopsched calibrate` fits them.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class CostModel:
     verify_ms: list = field(default_factory=lambda: [[1, 5.0], [256, 770.0]])  # [width, ms]
     jitter: float = 0.0
     seed: int = 0
-    # -- fidelity terms (calibrate, issue 13); each default is today's behaviour -------------
+    # -- fidelity terms (calibrate): each default is the price charged before them --------
     round_ms: list | None = None          # [K, ms] of a whole one-row round; None: draft + verify
     fused_padding: str = "ragged"         # what a fused forward computes: ragged | padded | split
     switch_ms: float = 0.0                # a switch between the classic and the speculative path
@@ -158,7 +158,7 @@ class CostModel:
 
     def fused_forward(self, num_classic: int, widths: list[int]) -> float:
         """One fused forward over `num_classic` decode rows and verify rows of `widths` positions:
-        ragged = a decode step of every real position (today's price); padded = every row padded
+        ragged = a decode step of every real position (the default); padded = every row padded
         to the widest (what one dense batch computes); split = a decode of the classic rows, then
         a verify of the speculative ones (two forwards in one tick)."""
         if not widths:

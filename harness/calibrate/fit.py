@@ -158,6 +158,19 @@ def levels(groups: dict, min_ratio_samples: int = 1) -> tuple[dict, list[float]]
     return {key: m * scale for key, m in medians.items()}, [r / scale for r in ratios]
 
 
+def monotone(values: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
+    """The non-decreasing sequence closest to `values` in weighted least squares (pool adjacent
+    violators): more rows never cost less, and one noisy bump does not lift every larger size, as
+    a running maximum would."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights or [1.0] * len(values)):
+        blocks.append([float(v), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1, n1), (m2, w2, n2) = blocks[-2], blocks[-1]
+            blocks[-2:] = [[(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2]]
+    return [m for m, _, n in blocks for _ in range(n)]
+
+
 def summary(samples: Sequence[float]) -> dict:
     """mean, p50, p99 of samples (None when empty)."""
     data = np.asarray(samples, dtype=float)

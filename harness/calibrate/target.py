@@ -217,8 +217,8 @@ class TargetCalibration:
                                "be timed from its tokens")
         batches = sorted(b for b in s.decode if s.decode[b])
         levels, decode_ratios = fit.levels({b: s.decode[b] for b in batches})
-        decode = np.maximum.accumulate([levels[b] for b in batches])  # more rows never cost less
-        decode_points = [[b, round(float(v), 4)] for b, v in zip(batches, decode)]
+        decode = fit.monotone([levels[b] for b in batches], [len(s.decode[b]) for b in batches])
+        decode_points = [[b, round(v, 4)] for b, v in zip(batches, decode)]
         decode_at = dict(zip(batches, decode))
         prefill = fit.LinearFit.of(*zip(*s.ttft[False]))
         slice0 = fit.LinearFit.of(*zip(*s.ttft[True])) if s.ttft[True] else prefill

@@ -126,15 +126,15 @@ class TickCalibration:
         s, k = self.samples, self.block_size
         batches = sorted(s.decode)
         decode_at, decode_ratios = fit.levels(s.decode)
-        decode = np.maximum.accumulate([decode_at[b] for b in batches])  # more rows never cost less
+        decode = fit.monotone([decode_at[b] for b in batches], [len(s.decode[b]) for b in batches])
         decode_at = dict(zip(batches, decode))
         prefill = fit.LinearFit.of([x for x, _ in s.admit], [y for _, y in s.admit])
         extra = [(x, y - prefill(x)) for x, y in s.slice0]
         draft_prefill = sum(x * d for x, d in extra) / sum(x * x for x, _ in extra) if extra else 0.0
         round_at, round_ratios = fit.levels(s.round)
         widths = sorted(round_at)
-        rounds = np.maximum.accumulate([round_at[w] for w in widths])
-        round_ms = float(rounds[-1])
+        rounds = fit.monotone([round_at[w] for w in widths], [len(s.round[w]) for w in widths])
+        round_ms = rounds[-1]
         switch, switch_raw, switch_se = self._switch(float(decode[0]), round_ms)
         share = s.accepted / s.drafted if s.drafted else 0.0
         accept = fit.acceptance_from_tokens(1 + share * (k - 1), k)
@@ -145,7 +145,7 @@ class TickCalibration:
             "verify": fit.jitter_quantiles(round_ratios),
             "fused": fit.jitter_quantiles(fused_ratios),
         }
-        decode_points = [[b, round(float(v), 4)] for b, v in zip(batches, decode)]
+        decode_points = [[b, round(v, 4)] for b, v in zip(batches, decode)]
         fused_steps = {c: float(v) for c, v in fused_at.items()}
         if fused_padding != "split" and fused_steps:  # a split step is decode + round whatever the draft
             draft_per_token_ms = draft_from_fused(fused_steps, decode_points, k, fused_padding)
@@ -156,7 +156,7 @@ class TickCalibration:
             "decode_ms": decode_points,
             "draft_per_token_ms": round(draft_per_token_ms, 4),
             "verify_ms": [[1, decode_points[0][1]], [k, round(max(round_ms - draft_per_token_ms * (k - 1), 0.0), 4)]],
-            "round_ms": [[w, round(float(v), 4)] for w, v in zip(widths, rounds)],
+            "round_ms": [[w, round(v, 4)] for w, v in zip(widths, rounds)],
             "fused_padding": fused_padding,
             "switch_ms": round(switch, 4),
             "jitter_quantiles": {term: qs for term, qs in quantiles.items() if qs},

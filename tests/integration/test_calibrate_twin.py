@@ -100,3 +100,21 @@ def test_a_workload_can_be_any_scenario():
     scen = Scenario("tiny", requests=requests)
     (run,) = twin.simulate(TRUE, twin.twin_config("fused"), [0], scenario=scen)
     assert [r["num_tokens"] for r in run] == [8, 8]
+
+
+@pytest.mark.parametrize("argv, says", [
+    pytest.param([], "give --out PROFILE.json", id="nothing-to-write"),
+    pytest.param(["--out", "p.json", "--profile", "q.json", "--report", "r.json"], "give --out", id="both"),
+    pytest.param(["--profile", "q.json"], "with --report", id="profile-without-report"),
+    pytest.param(["--out", "p.json", "--block-size", "1"], "--block-size 1", id="k-below-2"),
+    pytest.param(["--out", "p.json", "--target", "http://127.0.0.1:9", "--model", "m"], "--model", id="target-and-mlx"),
+    pytest.param(["--out", "p.json", "--model", "m"], "together", id="model-without-drafter"),
+    pytest.param(["--out", "p.json", "--target", "http://127.0.0.1:9"], "answers neither", id="nothing-listening"),
+])
+def test_calibrate_refuses_what_it_cannot_do(argv, says, capsys, tmp_path, monkeypatch):
+    from coopsched.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate", *argv]) == 2
+    assert says in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "p.json").exists()

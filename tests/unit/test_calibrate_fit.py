@@ -1,6 +1,7 @@
 """The estimators of black-box calibration on synthetic timings: rounds from the grouping of token
 arrivals, the drafter's acceptance from tokens per round, linear fits and fitted jitter."""
 
+import itertools
 import random
 
 import numpy as np
@@ -98,3 +99,18 @@ def test_fitted_jitter_keeps_the_mean_and_the_percentiles():
         assert np.percentile(draws, q) == pytest.approx(np.percentile(samples, q), rel=0.03)
     assert np.mean(draws) == pytest.approx(samples.mean(), rel=0.01)
     assert fit.jitter_quantiles([3.0]) is None
+
+
+def test_monotone_pools_a_bump_instead_of_lifting_every_larger_size():
+    assert fit.monotone([7.3, 7.3, 8.0, 7.4, 7.4, 7.4]) == pytest.approx([7.3, 7.3, 7.55, 7.55, 7.55, 7.55])
+    assert fit.monotone([1.0, 3.0, 2.0], [1, 1, 3]) == pytest.approx([1.0, 2.25, 2.25])
+    assert fit.monotone([1.0, 2.0, 5.0]) == [1.0, 2.0, 5.0]
+
+
+@given(values=st.lists(st.floats(0.0, 100.0), min_size=1, max_size=12),
+       weights=st.lists(st.integers(1, 50), min_size=12, max_size=12))
+def test_monotone_is_non_decreasing_and_keeps_the_weighted_mean(values, weights):
+    weights = weights[:len(values)]
+    out = fit.monotone(values, weights)
+    assert all(a <= b + 1e-9 for a, b in itertools.pairwise(out))
+    assert np.average(out, weights=weights) == pytest.approx(np.average(values, weights=weights), abs=1e-6)

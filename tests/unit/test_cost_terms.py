@@ -1,4 +1,4 @@
-"""The fidelity terms of the cost model (issue 13): each default reproduces today's costs exactly;
+"""The fidelity terms of the cost model (issue 13): each default reproduces the earlier costs exactly;
 padding, the path switch, fitted jitter and a whole-round term change costs as documented."""
 
 import json
@@ -39,8 +39,8 @@ VERIFY = lambda b: b.verify([("s1", 65, [66, 67, 68])])
 FUSED = lambda b: b.fused([("s0", 65), ("s2", 65)], [("s1", 65, [66, 67, 68])])
 
 
-# -- defaults: today's costs -----------------------------------------------------------------
-def test_default_terms_are_todays_formulas():
+# -- defaults: the earlier costs --------------------------------------------------------------
+def test_default_terms_are_the_earlier_formulas():
     c = TODAY
     assert (c.round_ms, c.fused_padding, c.switch_ms, c.jitter_quantiles, c.accept_prob) == \
         (None, "ragged", 0.0, None, None)
@@ -54,7 +54,7 @@ def test_default_terms_are_todays_formulas():
     assert c.max_jitter_factor == 1.0
 
 
-def test_default_mock_charges_are_todays():
+def test_default_mock_charges_are_the_earlier_ones():
     assert charged(TODAY, [DECODE, DRAFT, VERIFY, DECODE, FUSED, DECODE]) == \
         [5.0, 6.0, TODAY.verify(4), 5.0, TODAY.decode(2 + K), 5.0]
 
@@ -67,7 +67,7 @@ def test_no_jitter_draws_nothing_and_uniform_jitter_draws_as_before():
     assert jittery.jittered(rng, 10.0, "decode") == 10.0 * (1.0 + twin.uniform(-0.2, 0.2))
 
 
-def test_an_old_profile_loads_with_todays_terms():
+def test_an_old_profile_loads_with_the_earlier_terms():
     profile = CostModel.load(SCENARIO_DIR / "profiles" / "mlx-cpu-s.json")
     assert profile.round_ms is None and profile.fused_padding == "ragged" and profile.switch_ms == 0.0
     assert profile.round(K) == profile.draft(K - 1) + profile.verify(K)
