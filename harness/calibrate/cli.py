@@ -291,6 +291,9 @@ def _print_target_fit(path: Path, profile: dict, fitted: dict, k: int) -> None:
               f"classic streams that arrived in rounds: "
               f"{fitted['classic_streams_in_rounds']}; speculative asks served classically: "
               f"{fitted['speculative_served_classically']}", highlight=False)
+    if fitted["classic_streams_in_rounds"]:
+        out.print("[yellow]warning:[/] classic requests arrived in rounds: the server ignores `speculative: false`, "
+                  "so the decode steps above are mixed with rounds")
 
 
 def _print_check(check: dict) -> None:
