@@ -49,8 +49,7 @@ class TickSamples:
     admit: list[tuple[int, float]] = field(default_factory=list)        # (prompt tokens, wall)
     slice0: list[tuple[int, float]] = field(default_factory=list)
     round: dict[int, list[float]] = field(default_factory=dict)        # K -> lone B = 1 rounds
-    decode_after_spec: list[float] = field(default_factory=list)        # B = 1 decodes right after a round
-    round_after_decode: list[float] = field(default_factory=list)
+    after: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (tick, tick before) -> B = 1 walls
     fused: dict[int, list[float]] = field(default_factory=dict)         # classic rows -> walls
     drafted: int = 0
     accepted: int = 0
@@ -98,14 +97,17 @@ class TickCalibration:
         self._fused(n)
 
     def _alternating(self, n: int) -> None:
-        classic = Request("c", _prompt(16, n), SPEC_TOKENS + 16, speculative=False)
-        spec = Request("s", _prompt(32, 3 + n), SPEC_TOKENS)
-        _, ticks = self._run([classic, spec], "slice")
-        for before, t in itertools.pairwise(ticks):
-            if t.kind is TickKind.DECODE and before.kind in ROUNDS:
-                self.samples.decode_after_spec.append(t.wall_ms)
-            elif t.kind in ROUNDS and before.kind is TickKind.DECODE:
-                self.samples.round_after_decode.append(t.wall_ms)
+        """A classic and a speculative request in slice mode, one outliving the other, so each path
+        runs both right after the other path and right after itself, on the same request."""
+        for classic_tokens, spec_tokens in ((SPEC_TOKENS + 32, 24), (12, SPEC_TOKENS + 32)):
+            classic = Request("c", _prompt(16, 17 * classic_tokens + n), classic_tokens, speculative=False)
+            spec = Request("s", _prompt(32, 19 * spec_tokens + n), spec_tokens)
+            _, ticks = self._run([classic, spec], "slice")
+            for before, t in itertools.pairwise(ticks):
+                kinds = tuple("decode" if x.kind is TickKind.DECODE else "round" if x.kind in ROUNDS else None
+                              for x in (t, before))
+                if None not in kinds:
+                    self.samples.after.setdefault(kinds, []).append(t.wall_ms)
 
     def _fused(self, n: int) -> None:
         requests = [Request(f"c{i}", _prompt(16, 11 * i + n), SPEC_TOKENS + 16, speculative=False) for i in range(2)]
@@ -135,7 +137,7 @@ class TickCalibration:
         widths = sorted(round_at)
         rounds = fit.monotone([round_at[w] for w in widths], [len(s.round[w]) for w in widths])
         round_ms = rounds[-1]
-        switch, switch_raw, switch_se = self._switch(float(decode[0]), round_ms)
+        switch, switch_raw, switch_se = self._switch()
         share = s.accepted / s.drafted if s.drafted else 0.0
         accept = fit.acceptance_from_tokens(1 + share * (k - 1), k)
         fused_at, fused_ratios = fit.levels(s.fused)
@@ -170,15 +172,16 @@ class TickCalibration:
                                 "admit": len(s.admit), "slice0": len(s.slice0)}},
         }
 
-    def _switch(self, decode1: float, round_ms: float) -> tuple[float, float, float]:
-        """Half the extra a decode after a round and a round after a decode cost over their lone
-        means (kept, measured, standard error): kept only when it stands MIN_SWITCH_SE standard
-        errors above zero."""
-        a, b = self.samples.decode_after_spec, self.samples.round_after_decode
-        if len(a) < 2 or len(b) < 2:
+    def _switch(self) -> tuple[float, float, float]:
+        """Half what a decode after a round and a round after a decode cost over a decode after a
+        decode and a round after a round, on the same requests (kept, measured, standard error):
+        kept only when it stands MIN_SWITCH_SE standard errors above zero."""
+        pairs = [(self.samples.after.get((kind, other), []), self.samples.after.get((kind, kind), []))
+                 for kind, other in (("decode", "round"), ("round", "decode"))]
+        if any(len(x) < 2 for pair in pairs for x in pair):
             return 0.0, 0.0, 0.0
-        extra = float(np.mean(a) - decode1 + np.mean(b) - round_ms) / 2
-        se = float(np.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b)) / 2)
+        extra = sum(float(np.mean(switched) - np.mean(same)) for switched, same in pairs) / 2
+        se = float(np.sqrt(sum(np.var(x, ddof=1) / len(x) for pair in pairs for x in pair)) / 2)
         return (extra if extra > MIN_SWITCH_SE * se else 0.0), extra, se
 
 

@@ -118,3 +118,18 @@ def test_calibrate_refuses_what_it_cannot_do(argv, says, capsys, tmp_path, monke
     assert main(["calibrate", *argv]) == 2
     assert says in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_shipped_twin_profile_passes_every_scenario_in_every_mode():
+    """scenarios/profiles/mlx-cpu-s-twin.json (calibrate on MLX, with fitted spreads and a split fused
+    layout): every bound holds, priced by the fitted terms (the jitter's largest factor widens them)."""
+    from harness.run import runner, scenario
+    from harness.run.scenario import SCENARIO_DIR
+
+    profile = CostModel.load(SCENARIO_DIR / "profiles" / "mlx-cpu-s-twin.json")
+    assert profile.round_ms and profile.fused_padding == "split" and profile.jitter_quantiles and profile.accept_prob
+    factory = lambda clock, scen, seed: runner.mock_backend(clock, scen, seed, profile)
+    for name in scenario.available():
+        for mode in MODES:
+            trace = runner.run_scenario(scenario.load(name), mode, backend_factory=factory)
+            assert all(c["ok"] for c in trace["checks"]), (name, mode, [c for c in trace["checks"] if not c["ok"]])
