@@ -4,8 +4,9 @@ legacy burst fused mode's throughput falls on when the fused forward pads every 
 
 Wall time on a shared 2-core CPU: calibration passes and checked runs are interleaved so both see the
 same machine, and a miss gets one more attempt. Above LOADED runnable tasks per core (other sessions'
-work) the errors measure the neighbours, not the twin (15-60% at a load average of 5-7 on 2 cores,
-within ~15% below 2): two misses then skip, naming the errors and the load, rather than fail.
+work) MLX's threads share the cores and the errors measure the neighbours, not the twin (aggregate
+tokens/s within 7% at a load average of 0.8-0.9 on 2 cores, -15% to -22% at 2.4, 20-60% at 5-7): two
+misses then skip, naming the errors and the load, rather than fail.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from mocks import CostModel
 pytestmark = pytest.mark.mlx
 
 BOUNDS = {"aggregate_tok_s": 0.15, "classic_itl_p50_ms": 0.15, "classic_itl_p99_ms": 0.30}
-LOADED = 1.5  # load average per core
+LOADED = 1.0  # load average per core
 
 
 def misses(report: dict) -> list[str]:
