@@ -16,7 +16,7 @@ COMMANDS = {
     "sweep": ("harness.sweep.cli", "a workload at several loads x modes: per-token SLO attainment and capacity"),
     "serve": ("coopsched.server.cli", "OpenAI-compatible streaming server with /metrics"),
     "model": ("coopsched.backends.model_build", "build tiny seeded MLX models offline"),
-    "calibrate": ("coopsched.backends.calibrate", "measure MLX costs into a mock cost profile"),
+    "calibrate": ("harness.calibrate.cli", "a mock cost profile of the MLX backend or any server (--target)"),
     "report": ("harness.report.build", "HTML/PNG report and benchmark trends"),
     "simulate": ("harness.sim.simulate", "seeded deterministic simulation with faults"),
     "judge": ("harness.run.judge", "per-token SLO attainment of timings recorded by aiperf, locust or a trace"),

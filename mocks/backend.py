@@ -1,7 +1,8 @@
 """The mock backend: the ModelBackend protocol over MockTarget and MockDrafter.
 
 Each call charges its cost (CostModel) to the injected clock: a ManualClock in
-virtual time advances exactly, a RealClock sleeps.
+virtual time advances exactly, a RealClock sleeps. A call on the other path than
+the last one (classic decode vs draft/verify/fused) first pays `switch_ms`.
 """
 
 from __future__ import annotations
@@ -44,13 +45,18 @@ class MockBackend:
         self.eos_token_id = self.target.eos_token_id
         self._seqs: dict[str, _Sequence] = {}
         self._rng = random.Random(self.cost.seed)
+        self._path: str | None = None  # "classic" or "spec": the last call's path (prefill has none)
 
     @property
     def num_live(self) -> int:
         return len(self._seqs)
 
-    def _charge(self, ms: float) -> None:
-        self.clock.sleep(self.cost.jittered(self._rng, ms))
+    def _charge(self, ms: float, term: str | None = None, path: str | None = None) -> None:
+        if path is not None:
+            if self.cost.switch_ms and self._path not in (None, path):
+                self.clock.sleep(self.cost.switch_ms)
+            self._path = path
+        self.clock.sleep(self.cost.jittered(self._rng, ms, term))
 
     def _push(self, seq: _Sequence, token: int) -> None:
         seq.tokens.append(token)
@@ -71,11 +77,11 @@ class MockBackend:
         seq = _Sequence(len(prompt), params, list(prompt))
         seq.hashes = [context_hash(prompt)]
         self._seqs[seq_id] = seq
-        self._charge(self.cost.prefill(len(prompt), with_draft))
+        self._charge(self.cost.prefill(len(prompt), with_draft), "prefill")
         return self._target_after(seq)
 
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
-        self._charge(self.cost.decode(len(rows)))
+        self._charge(self.cost.decode(len(rows)), "decode", "classic")
         return self._decode_rows(rows)
 
     # -- chunked and batched prefill (issue 12) ---------------------------------
@@ -110,7 +116,7 @@ class MockBackend:
         return out
 
     def draft(self, rows: Sequence[tuple[str, int]], num_tokens: int) -> list[list[int]]:
-        self._charge(self.cost.draft(num_tokens))
+        self._charge(self.cost.draft(num_tokens), "draft", "spec")
         out = []
         for seq_id, last in rows:
             seq = self._seqs[seq_id]
@@ -127,15 +133,16 @@ class MockBackend:
         return out
 
     def verify(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
-        self._charge(self.cost.verify(sum(len(d) + 1 for _, _, d in rows)))
+        width = sum(len(d) + 1 for _, _, d in rows)
+        self._charge(self.cost.verify_charge(width, max((len(d) for _, _, d in rows), default=0)), "verify", "spec")
         return self._verify_rows(rows)
 
     def fused(self, decode_rows: Sequence[tuple[str, int]],
               verify_rows: Sequence[tuple[str, int, Sequence[int]]]) -> tuple[list[int], list[list[int]]]:
-        """One forward over both: charged as a decode step of the combined width
-        (one position per classic row + K per speculative row), as the issue specifies."""
-        width = len(decode_rows) + sum(len(d) + 1 for _, _, d in verify_rows)
-        self._charge(self.cost.decode(width))
+        """One forward over both, charged as CostModel.fused_forward prices it (by default a decode
+        step of the combined width: one position per classic row + K per speculative row)."""
+        widths = [len(d) + 1 for _, _, d in verify_rows]
+        self._charge(self.cost.fused_forward(len(decode_rows), widths), "fused", "spec")
         return self._decode_rows(decode_rows), self._verify_rows(verify_rows)
 
     def _verify_rows(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:

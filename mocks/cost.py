@@ -3,6 +3,11 @@
 decode step and verify are piecewise-linear in batch size and width (from a
 calibrated profile or defaults); optional seeded jitter scales every charge by
 up to +/- `jitter`. A profile is JSON with the same field names.
+
+The fidelity terms (a whole round as one term, how a fused forward is padded, a
+classic/speculative switch overhead, fitted per-term jitter, the drafter's
+measured acceptance) each default to the price the mock charged before them, so
+old profiles and scenarios keep their meaning; `coopsched calibrate` fits them.
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+
+JITTER_TERMS = ("prefill", "decode", "draft", "verify", "fused")  # one per MockBackend call
+FUSED_PADDINGS = ("ragged", "padded", "split")
 
 
 def _interp(points: list[list[float]], x: float) -> float:
@@ -35,6 +44,12 @@ class CostModel:
     verify_ms: list = field(default_factory=lambda: [[1, 5.0], [256, 770.0]])  # [width, ms]
     jitter: float = 0.0
     seed: int = 0
+    # -- fidelity terms (calibrate): each default is the price charged before them --------
+    round_ms: list | None = None          # [K, ms] of a whole one-row round; None: draft + verify
+    fused_padding: str = "ragged"         # what a fused forward computes: ragged | padded | split
+    switch_ms: float = 0.0                # a switch between the classic and the speculative path
+    jitter_quantiles: dict | None = None  # term -> quantiles of charge / mean charge; None: uniform `jitter`
+    accept_prob: float | None = None      # the drafter's acceptance measured with this profile
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})  # decode and verify by size: pure, asked every tick
@@ -44,6 +59,7 @@ class CostModel:
             points = getattr(self, name)
             if not points or any(len(p) != 2 or p[1] < 0 for p in points):
                 raise ValueError(f"{name}={points!r}: want a non-empty list of [size, ms >= 0] pairs")
+        self._check_fidelity_terms()
 
     @classmethod
     def simple(cls, decode_ms: float = 5.0, round_ms: float = 30.0,
@@ -86,7 +102,11 @@ class CostModel:
         return self._memo[key]
 
     def round(self, block_size: int, rows: int = 1) -> float:
-        """One speculative round: K-1 drafts (rows drafted together) and one verify of rows*K."""
+        """One speculative round: K-1 drafts (rows drafted together) and one verify of rows*K
+        (or, when the profile has the whole-round term, `round_ms` at K plus the verify of the
+        other rows' positions)."""
+        if self.round_ms is not None:
+            return self._round_total(block_size, rows)
         return self.draft(block_size - 1) + self.verify(rows * block_size)
 
     def slice0(self, prompt_len: int) -> float:
@@ -111,7 +131,77 @@ class CostModel:
 
     @property
     def max_jitter_factor(self) -> float:
-        return 1.0 + self.jitter
+        fitted = [q[-1] for q in (self.jitter_quantiles or {}).values()]
+        return max([1.0 + self.jitter, *fitted])
 
-    def jittered(self, rng: random.Random, ms: float) -> float:
+    def jittered(self, rng: random.Random, ms: float, term: str | None = None) -> float:
+        """`ms` scaled by a seeded draw: from the term's fitted quantiles when the profile has
+        them, else uniform within +/- `jitter` (no draw at all when both are off)."""
+        quantiles = (self.jitter_quantiles or {}).get(term) if term else None
+        if quantiles:
+            return ms * _inverse_cdf(quantiles, rng.random())
         return ms * (1.0 + rng.uniform(-self.jitter, self.jitter)) if self.jitter else ms
+
+    # -- fidelity terms ---------------------------------------------------------
+    def _check_fidelity_terms(self) -> None:
+        if self.round_ms is not None and (not self.round_ms or any(len(p) != 2 or p[1] < 0 for p in self.round_ms)):
+            raise ValueError(f"round_ms={self.round_ms!r}: want null or a non-empty list of [K, ms >= 0] pairs")
+        if self.fused_padding not in FUSED_PADDINGS:
+            raise ValueError(f"fused_padding={self.fused_padding!r}: want one of {', '.join(FUSED_PADDINGS)}")
+        if not self.switch_ms >= 0:
+            raise ValueError(f"switch_ms={self.switch_ms} must be >= 0")
+        if self.accept_prob is not None and not 0.0 <= self.accept_prob <= 1.0:
+            raise ValueError(f"accept_prob={self.accept_prob} must be within [0, 1] (or null)")
+        for term, qs in (self.jitter_quantiles or {}).items():
+            if term not in JITTER_TERMS:
+                raise ValueError(f"jitter_quantiles: unknown term {term!r}; want {', '.join(JITTER_TERMS)}")
+            if len(qs) < 2 or qs[0] < 0 or any(b < a for a, b in pairwise(qs)):
+                raise ValueError(f"jitter_quantiles[{term!r}]={qs!r}: want >= 2 non-decreasing factors >= 0")
+
+    def _round_total(self, block_size: int, rows: int) -> float:
+        """The whole-round term: one row's round of K, plus a window's other rows (their verify width)."""
+        key = ("round", block_size, rows)
+        if key not in self._memo:
+            extra = self.verify(rows * block_size) - self.verify(block_size) if rows > 1 else 0.0
+            self._memo[key] = _interp(self.round_ms, block_size) + extra
+        return self._memo[key]
+
+    def verify_charge(self, width: int, num_drafts: int) -> float:
+        """What a verify of `width` positions costs after `num_drafts` drafts per row: `verify`,
+        or with a whole-round term, what the round leaves once the drafts are paid."""
+        if self.round_ms is None:
+            return self.verify(width)
+        k = num_drafts + 1
+        return max(self._round_total(k, max(width // k, 1)) - self.draft(num_drafts), 0.0)
+
+    def fused_forward(self, num_classic: int, widths: list[int]) -> float:
+        """One fused forward over `num_classic` decode rows and verify rows of `widths` positions:
+        ragged = a decode step of every real position (the default); padded = every row padded
+        to the widest (what one dense batch computes); split = a decode of the classic rows, then
+        a verify of the speculative ones (two forwards in one tick)."""
+        if not widths:
+            return self.decode(num_classic)
+        if self.fused_padding == "padded":
+            return self.decode((num_classic + len(widths)) * max(widths))
+        if self.fused_padding == "split":
+            verify = self.verify_charge(sum(widths), max(widths) - 1)
+            return (self.decode(num_classic) if num_classic else 0.0) + verify
+        return self.decode(num_classic + sum(widths))
+
+    def fused_step(self, num_classic: int, block_size: int, rows: int = 1) -> float:
+        """A fused tick: K-1 drafts, then one fused forward (bounds use it)."""
+        return self.draft(block_size - 1) + self.fused_forward(num_classic, [block_size] * rows)
+
+
+def _inverse_cdf(quantiles: list[float], u: float) -> float:
+    """The factor at probability u of a distribution given by quantiles at evenly spaced
+    probabilities 0, 1/(n-1), ..., 1 (piecewise linear between them)."""
+    pos = u * (len(quantiles) - 1)
+    i = min(int(pos), len(quantiles) - 2)
+    return quantiles[i] + (quantiles[i + 1] - quantiles[i]) * (pos - i)
+
+
+def quantile_mean(quantiles: list[float]) -> float:
+    """The mean of the distribution `_inverse_cdf` draws from (trapezoids between the quantiles)."""
+    n = len(quantiles) - 1
+    return (sum(quantiles) - (quantiles[0] + quantiles[-1]) / 2) / n

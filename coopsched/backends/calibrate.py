@@ -1,19 +1,18 @@
-"""`coopsched calibrate`: measure the MLX backend and write a mock cost profile.
+"""Probes of the MLX backend for `coopsched calibrate` (the command: harness/calibrate/cli.py).
 
-Medians of real calls: prefill vs prompt length (with and without the drafter),
-decode step vs batch size, draft per token, verify vs width. The JSON has the
-field names of mocks.cost.CostModel. A concurrency2-like run then compares the
-calibrated mock (virtual time) with the MLX backend (real time).
+`measure`: medians of direct backend calls: prefill vs prompt length (with and
+without the drafter), decode step vs batch size, draft per token, verify vs
+width, in mocks.cost.CostModel's field names. `calibration_error`: a
+concurrency2-like run of the calibrated mock (virtual time) against the MLX
+backend (real time).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -218,89 +217,3 @@ def calibration_error(profile: dict, backend, runs: int = 3, block_size: int = 4
                  for k in ("mean", "p99")}
         out[metric] = {"mlx": mlx_s, "mock": mock_s, "error": error}
     return out
-
-
-# -- command line -------------------------------------------------------------
-def add_arguments(parser) -> None:
-    parser.add_argument("--model", type=Path, metavar="DIR", help="MLX target (default: tiny, built once)")
-    parser.add_argument("--draft-model", type=Path, metavar="DIR", help="MLX drafter (default: tiny, built once)")
-    parser.add_argument("--out", type=Path, required=True, metavar="PROFILE.json", help="cost profile to write")
-    parser.add_argument("--size", choices=("s", "m", "l"), default="s",
-                        help="size of the tiny models built when no --model is given (default s)")
-    parser.add_argument("--block-size", type=int, default=4, help="K of the measured rounds (default 4)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed calls per point (median; default 15)")
-    parser.add_argument("--check-runs", type=int, default=3,
-                        help="real-time concurrency2 runs pooled for the comparison (default 3)")
-    parser.add_argument("--no-check", action="store_true",
-                        help="skip the concurrency2 comparison of the calibrated mock with MLX")
-
-
-def main(args) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from .mlx_backend import MlxBackend
-    from .model_build import ensure_tiny_models
-
-    console = Console(stderr=True)
-    if (args.model is None) != (args.draft_model is None):
-        console.print("[red]error:[/] give --model and --draft-model together (the draft cost is part "
-                      "of the profile), or neither to use the tiny models")
-        return 2
-    if args.block_size < 2 or args.repeats < 1 or args.check_runs < 1:
-        console.print(f"[red]error:[/] --block-size {args.block_size} must be >= 2, --repeats {args.repeats} "
-                      f"and --check-runs {args.check_runs} >= 1")
-        return 2
-    steps = 1 + args.repeats + (0 if args.no_check else 1)
-    with Progress(console=console, transient=False) as progress:
-        task = progress.add_task("loading models", total=steps)
-        advance = lambda label: progress.update(task, advance=1, description=label)
-        model_dir, draft_dir = args.model, args.draft_model
-        if model_dir is None:
-            model_dir, built = ensure_tiny_models(size=args.size,
-                                                  progress=lambda m: progress.update(task, description=m))
-            draft_dir = draft_dir or built
-        try:
-            backend = MlxBackend(model_dir, draft_dir)
-        except FileNotFoundError as exc:
-            console.print(f"[red]error:[/] {exc}")
-            return 2
-        advance("measuring")
-        profile = measure(backend, args.block_size, args.repeats, advance)
-        check = None
-        if not args.no_check:
-            progress.update(task, description="concurrency2: MLX vs calibrated mock")
-            check = calibration_error(profile, backend, args.check_runs, args.block_size)
-            advance("done")
-    document = {**profile, "calibrated": {"model": str(Path(model_dir).resolve()),
-                                          "draft_model": str(Path(draft_dir).resolve()),
-                                          "block_size": args.block_size, "repeats": args.repeats}}
-    if check:
-        document["check_concurrency2"] = check
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=1) + "\n")
-    _print_report(args.out, profile, check)
-    return 0
-
-
-def _print_report(path: Path, profile: dict, check: dict | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    out = Console()
-    out.print(f"wrote {path}: decode {profile['decode_ms']}, verify {profile['verify_ms']}, "
-              f"draft/token {profile['draft_per_token_ms']} ms, prefill {profile['prefill_fixed_ms']} + "
-              f"{profile['prefill_per_token_ms']}/token ms")
-    if not check:
-        return
-    table = Table(title=f"concurrency2: calibrated mock vs MLX ({check['runs']} runs, "
-                        f"acceptance {check['acceptance']})")
-    for col in ("metric", "mlx mean", "mock mean", "error", "mlx p99", "mock p99", "error"):
-        table.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
-    ms = lambda x: "-" if x is None else f"{x:.2f}"
-    pct = lambda x: "-" if x is None else f"{x:+.0%}"
-    for metric in METRICS:
-        m = check[metric]
-        table.add_row(metric, ms(m["mlx"]["mean"]), ms(m["mock"]["mean"]), pct(m["error"]["mean"]),
-                      ms(m["mlx"]["p99"]), ms(m["mock"]["p99"]), pct(m["error"]["p99"]))
-    out.print(table)

@@ -52,8 +52,20 @@ def load_model(model_dir: str | Path):
     return load(str(path))
 
 
+FUSED_LAYOUTS = ("split", "padded")
+
+
 class MlxBackend:
-    def __init__(self, model_dir: str | Path, draft_dir: str | Path | None = None) -> None:
+    """`fused_layout` is what a fused call computes: "split" (default) decodes the classic rows in
+    their resident batch, then verifies the speculative rows, two forwards in one tick; "padded"
+    runs ONE forward with every row right-padded to K. A ragged single forward (each row its own
+    query length) is not possible here: an mlx-lm attention call takes one query length per batch."""
+
+    def __init__(self, model_dir: str | Path, draft_dir: str | Path | None = None,
+                 fused_layout: str = "split") -> None:
+        if fused_layout not in FUSED_LAYOUTS:
+            raise ValueError(f"fused_layout={fused_layout!r}: want one of {', '.join(FUSED_LAYOUTS)}")
+        self.fused_layout = fused_layout
         self.model_dir = Path(model_dir).resolve()
         self.draft_dir = Path(draft_dir).resolve() if draft_dir else None
         self.model, self.tokenizer = load_model(self.model_dir)
@@ -73,7 +85,8 @@ class MlxBackend:
     def fresh(self) -> MlxBackend:
         """A backend with no sequences that shares this one's loaded weights."""
         other = object.__new__(MlxBackend)
-        for name in ("model_dir", "draft_dir", "model", "tokenizer", "draft_model", "eos_token_id", "vocab_size"):
+        for name in ("model_dir", "draft_dir", "model", "tokenizer", "draft_model", "eos_token_id", "vocab_size",
+                     "fused_layout"):
             setattr(other, name, getattr(self, name))
         other._reset()
         return other
@@ -250,6 +263,14 @@ class MlxBackend:
 
     def fused(self, decode_rows: Sequence[tuple[str, int]],
               verify_rows: Sequence[tuple[str, int, Sequence[int]]]) -> tuple[list[int], list[list[int]]]:
+        """`decode` and `verify` in one tick, as `fused_layout` says (the class docstring)."""
+        if self.fused_layout == "split":  # no padding: each forward computes only real positions
+            return (self.decode(decode_rows) if decode_rows else [],
+                    self.verify(verify_rows) if verify_rows else [])
+        return self._fused_padded(decode_rows, verify_rows)
+
+    def _fused_padded(self, decode_rows: Sequence[tuple[str, int]],
+                      verify_rows: Sequence[tuple[str, int, Sequence[int]]]) -> tuple[list[int], list[list[int]]]:
         """`decode` and `verify` in ONE forward: shorter rows are right-padded (causal masking
         keeps real positions from seeing the pads), then the pads are rolled into left padding."""
         ids = [seq_id for seq_id, _ in decode_rows] + [seq_id for seq_id, _, _ in verify_rows]

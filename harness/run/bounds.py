@@ -110,7 +110,8 @@ def terms_of(run) -> Terms:
         slice0 = {rid: sum(cost.slice0(prompt[i]) for i in ids) for rid, ids in windows.items()}
         prefill = {rid: cost.prefill(n) for rid, n in prompt.items()}
         tick_ms = prefill_ticks(run, cost)
-        return Terms(cost.decode(max(num_classic, 1)), cost.round(k, widest), slice0, prefill,
+        # a round between classic steps also pays the path switch into it and out of it
+        return Terms(cost.decode(max(num_classic, 1)), cost.round(k, widest) + 2 * cost.switch_ms, slice0, prefill,
                      cost.max_jitter_factor, tick_ms, spec_chunks(run, tick_ms))
     # Real backend with no cost model: the classic and round terms from decode and round
     # ticks (never prefill ticks, where a burst hides), with the real-time allowance.
@@ -178,7 +179,8 @@ def fused_step_ms(run) -> float:
     k = run.config.block_size
     if run.cost is None:  # real backend: the longest fused tick measured
         return max((t.wall_ms for t in run.ticks if t.action is ActionKind.FUSED), default=0.0)
-    return run.cost.draft(k - 1) + run.cost.decode(_num_classic_rows(run) + widest_job(run) * k)
+    # priced as the backend computes it (CostModel.fused_padding), after at most one path switch
+    return run.cost.fused_step(_num_classic_rows(run), k, widest_job(run)) + run.cost.switch_ms
 
 
 def spec_action_ms(run, terms: Terms) -> tuple[float, str]:

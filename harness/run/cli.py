@@ -14,7 +14,7 @@ from coopsched.clock import ManualClock, RealClock
 from coopsched.core import MODES
 from coopsched.env import GateError
 from harness.run import runner, scenario, trace_json
-from harness.run.summary import print_summary
+from harness.run.summary import print_summary, ratios_against_printed_burst
 
 
 def positive_ms(text: str) -> float:
@@ -69,11 +69,7 @@ def backend_factory(args: argparse.Namespace):
         from mocks import CostModel
         profile = CostModel.load(args.cost)
 
-        def with_profile(clock, scen, seed):
-            backend = runner.mock_backend(clock, scen, seed)
-            backend.cost = runner.scenario_cost(scen, seed, profile)
-            return backend
-        return with_profile
+        return lambda clock, scen, seed: runner.mock_backend(clock, scen, seed, profile)
     return runner.mock_backend
 
 
@@ -111,6 +107,7 @@ def main(args: argparse.Namespace) -> int:
     except (GateError, ValueError) as exc:  # one line, as written: no markup, no wrapping
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         return 2
+    ratios_against_printed_burst(traces)
     print_table(console, traces)
     print_summary(console, traces)
     if args.json:

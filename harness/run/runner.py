@@ -20,6 +20,7 @@ from harness.run.scenario import Scenario
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
 BackendFactory = Callable[[object, Scenario, int], object]  # (clock, scenario, seed) -> backend
+DEFAULT_ACCEPT_PROB = 0.7
 
 
 @dataclass
@@ -42,12 +43,16 @@ class Run:
         return self._index[seq_id]
 
 
-def mock_backend(clock, scenario: Scenario, seed: int) -> MockBackend:
+def mock_backend(clock, scenario: Scenario, seed: int, profile: CostModel | None = None) -> MockBackend:
+    """The mock priced by the scenario's costs over `profile`; its drafter accepts with the
+    scenario's accept_prob, else the profile's measured one, else 0.7."""
     mock = scenario.mock
+    cost = scenario_cost(scenario, seed, profile)
     scripts = {r.id: list(r.accept_script) for r in scenario.requests if r.accept_script}
     target = MockTarget(eos_rate=mock.get("eos_rate", 0.0))
-    drafter = MockDrafter(mock.get("accept_prob", 0.7), seed=seed, scripts=scripts)
-    return MockBackend(clock, scenario_cost(scenario, seed), target, drafter)
+    fallback = DEFAULT_ACCEPT_PROB if cost.accept_prob is None else cost.accept_prob
+    drafter = MockDrafter(mock.get("accept_prob", fallback), seed=seed, scripts=scripts)
+    return MockBackend(clock, cost, target, drafter)
 
 
 def scenario_cost(scenario: Scenario, seed: int, profile: CostModel | None = None) -> CostModel:

@@ -5,7 +5,8 @@ the same over only the gaps that contain speculative work (the HOL stall; the
 rest is classic admissions), classic ITL p99 (pooled over every classic
 request's gaps), speculative request tokens/s, aggregate tokens/s, and the
 ratio of aggregate tokens/s to the legacy burst in the same run
-(`ratio_to_burst`, set by the checks).
+(`ratio_to_burst`, set by the checks; on a real clock, taken against the burst
+run printed beside it: `ratios_against_printed_burst`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ def summary_row(trace: dict) -> dict:
         "aggregate_tok_s": throughput.get("aggregate_tok_s"),
         "ratio_to_burst": trace.get("ratio_to_burst"),
     }
+
+
+def ratios_against_printed_burst(traces: list[dict]) -> None:
+    """Real clock: every ratio_to_burst against the burst trace of the same scenario and seed
+    printed beside it. The checks took it against a reference burst run of their own, which
+    in virtual time is the same run, but on a real clock is another run with other timings."""
+    bursts = {(t["scenario"], t["seed"]): t for t in traces if t["mode"] == "burst" and t["clock"] == "real"}
+    for trace in traces:
+        burst = bursts.get((trace["scenario"], trace["seed"]))
+        if trace["clock"] != "real" or burst is None or "ratio_to_burst" not in trace:
+            continue
+        mine = trace.get("throughput", {}).get("aggregate_tok_s")
+        legacy = burst.get("throughput", {}).get("aggregate_tok_s")
+        ratio = mine / legacy if mine and legacy else None
+        trace["ratio_to_burst"] = None if ratio is None else round(ratio, 6)
+        for c in trace["checks"]:
+            if c["name"] == "throughput_vs_burst" and c.get("skipped") and ratio is not None:
+                c["note"] = (f"real clock: ratio {ratio:.3f} (against the burst run printed beside it) "
+                             "reported in the table, not gated")
 
 
 def print_summary(console, traces: list[dict]) -> None:

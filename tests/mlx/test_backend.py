@@ -30,7 +30,12 @@ def start(backend, prompts, with_draft=True):
     return [(f"s{i}", backend.prefill(f"s{i}", p, SamplingParams(), with_draft)) for i, p in enumerate(prompts)]
 
 
-def test_decode_verify_and_fused_are_one_forward_over_all_rows(backend, prompts):
+@pytest.mark.parametrize("layout, fused_shapes", [
+    pytest.param("padded", [(8, BLOCK_SIZE)], id="padded-one-forward"),
+    pytest.param("split", [(4, 1), (4, BLOCK_SIZE)], id="split-no-padding"),
+])
+def test_decode_verify_and_fused_are_one_forward_over_all_rows(backend, prompts, layout, fused_shapes):
+    backend.fused_layout = layout
     rows = start(backend, prompts[:8])  # mixed prompt lengths: a padded batch
     backend.model = counting = CountingModel(backend.model)
     backend.decode(rows)
@@ -45,7 +50,7 @@ def test_decode_verify_and_fused_are_one_forward_over_all_rows(backend, prompts)
     for seq_id, _ in rows[:4]:
         backend.rewind(seq_id, BLOCK_SIZE)
     decoded, verified = backend.fused(rows[4:], [(s, t, d) for (s, t), d in zip(rows[:4], drafts)])
-    assert counting.shapes == [(8, BLOCK_SIZE)]
+    assert counting.shapes == fused_shapes
     assert len(decoded) == 4 and verified == targets  # same rows, same positions: same tokens
     for seq_id, _ in rows:
         backend.release(seq_id)

@@ -1,6 +1,7 @@
 """Issue 7 on a real transformer: fused ticks (classic decode rows and speculative verify rows in
-ONE forward, per-row lengths, per-row rollback) emit exactly mlx-lm's greedy tokens; so does the
-cost-mode arbiter, whatever K it picks per round."""
+one tick: split into a decode and a verify forward, or ONE padded forward with per-row lengths and
+per-row rollback) emit exactly mlx-lm's greedy tokens; so does the cost-mode arbiter, whatever K it
+picks per round."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ def _mixed(prompts, equal_prompts, num: int = 12):
     return requests
 
 
+@pytest.mark.parametrize("layout", ["split", "padded"])
 @pytest.mark.parametrize("batched", [False, True], ids=["b1", "window"])
-def test_fused_ticks_emit_the_oracles_tokens(backend, prompts, equal_prompts, oracle, batched):
+def test_fused_ticks_emit_the_oracles_tokens(backend, prompts, equal_prompts, oracle, batched, layout):
+    backend.fused_layout = layout
     requests = _mixed(prompts, equal_prompts)
     scheduler, result = run(backend, requests, mode="fused", enable_batch=batched, max_batch_size=8)
     fused = [t for t in result.ticks if t.action == "fused"]

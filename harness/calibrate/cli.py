@@ -1,0 +1,314 @@
+"""`coopsched calibrate`: a mock cost profile (a digital twin) of the MLX backend, or of any
+OpenAI-compatible streaming server (`--target URL`), and with `--report` how well it predicts.
+
+MLX: the engine's own ticks (harness/calibrate/ticks.py), then a concurrency2-like check. --target:
+token timings alone (harness/calibrate/target.py). --report: a small fixed workload in every mode
+the server supports (MLX: all; a server: the mode it runs), predicted on the profile in virtual
+time and measured for real, interleaved with the calibration so both see the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from coopsched.core import MODES
+
+MLX_REPEATS, TARGET_REPEATS, REPORT_RUNS = 5, 3, 5
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, metavar="PROFILE.json", help="cost profile to write")
+    parser.add_argument("--target", metavar="URL", help="calibrate this OpenAI-compatible server over HTTP")
+    parser.add_argument("--model", type=Path, metavar="DIR", help="MLX target (default: tiny, built once)")
+    parser.add_argument("--draft-model", type=Path, metavar="DIR", help="MLX drafter (default: tiny, built once)")
+    parser.add_argument("--size", choices=("s", "m", "l"), default="s",
+                        help="size of the tiny models built when no --model is given (default s)")
+    parser.add_argument("--block-size", type=int, metavar="K",
+                        help="K of the rounds (default: what the server's /health says, else 4)")
+    parser.add_argument("--max-batch", type=int, default=8, metavar="N",
+                        help="--target: the largest concurrent classic batch measured, of 1, 2, 4, 8 (default 8)")
+    parser.add_argument("--repeats", type=int, metavar="N",
+                        help=f"calibration passes, each over every point (default {MLX_REPEATS} for MLX, "
+                             f"{TARGET_REPEATS} for --target)")
+    parser.add_argument("--report", type=Path, metavar="PATH.json",
+                        help="predicted vs measured on a small fixed workload, per mode, written here")
+    parser.add_argument("--profile", type=Path, metavar="PROFILE.json",
+                        help="with --report: check this profile instead of calibrating one")
+    parser.add_argument("--report-runs", type=int, default=REPORT_RUNS, metavar="N",
+                        help=f"real runs of the workload per mode, pooled (default {REPORT_RUNS})")
+    parser.add_argument("--twin-mode", choices=MODES,
+                        help="--target --report: the mode to simulate (default: the server's /health mode, else slice)")
+    parser.add_argument("--no-extensions", action="store_true",
+                        help="--target: send plain OpenAI requests (no speculative / return_token_ids / ignore_eos)")
+    parser.add_argument("--fused-layout", choices=("split", "padded"), default="split",
+                        help="MLX: how the backend's fused tick runs (default split)")
+    parser.add_argument("--check-runs", type=int, default=3,
+                        help="MLX: real-time concurrency2 runs pooled for the comparison (default 3)")
+    parser.add_argument("--no-check", action="store_true",
+                        help="MLX: skip the concurrency2 comparison of the calibrated mock with MLX")
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    bad = [f"--{name.replace('_', '-')} {value}" for name, value, low in (
+        ("block_size", args.block_size, 2), ("repeats", args.repeats, 1), ("report_runs", args.report_runs, 1),
+        ("check_runs", args.check_runs, 1), ("max_batch", args.max_batch, 1)) if value is not None and value < low]
+    if bad:
+        console.print(f"[red]error:[/] {', '.join(bad)}: --block-size must be >= 2, the others >= 1")
+        return 2
+    if (args.out is None) == (args.profile is None) or (args.profile and not args.report):
+        console.print("[red]error:[/] give --out PROFILE.json (calibrate), or --profile PROFILE.json with "
+                      "--report PATH.json (check an existing profile)")
+        return 2
+    if args.target and (args.model or args.draft_model):
+        console.print("[red]error:[/] --target calibrates a server over HTTP; --model / --draft-model are for MLX")
+        return 2
+    if not args.target and (args.model is None) != (args.draft_model is None):
+        console.print("[red]error:[/] give --model and --draft-model together (the draft cost is part "
+                      "of the profile), or neither to use the tiny models")
+        return 2
+    try:
+        return _target(args, console) if args.target else _mlx(args, console)
+    except (OSError, RuntimeError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        return 2
+
+
+def _progress(console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
+
+
+# -- MLX -------------------------------------------------------------------------------------
+def _mlx(args: argparse.Namespace, console) -> int:
+    from coopsched.backends import calibrate as probes
+    from coopsched.backends.mlx_backend import MlxBackend
+    from coopsched.backends.model_build import ensure_tiny_models
+    from mocks import CostModel
+
+    k = args.block_size or 4
+    checking = not (args.no_check or args.profile)
+    with _progress(console) as progress:
+        repeats, runs = (0 if args.profile else args.repeats or MLX_REPEATS), (args.report_runs if args.report else 0)
+        task = progress.add_task("loading models", total=1 + max(repeats, runs) + checking)
+        advance = lambda label: progress.update(task, advance=1, description=label)
+        model_dir, draft_dir = args.model, args.draft_model
+        if model_dir is None:
+            model_dir, draft_dir = ensure_tiny_models(size=args.size,
+                                                      progress=lambda m: progress.update(task, description=m))
+        try:
+            backend = MlxBackend(model_dir, draft_dir, fused_layout=args.fused_layout)
+        except FileNotFoundError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            return 2
+        calibration, measured, loads = _mlx_passes(backend, k, repeats, runs, advance)
+        check = None
+        if args.profile:
+            cost = CostModel.load(args.profile)
+        else:
+            profile = _draft_for(calibration.profile(fused_padding=args.fused_layout), backend, k)
+            fitted = profile.pop("fit")
+            cost = CostModel(**profile)
+            if checking:
+                progress.update(task, description="concurrency2: MLX vs calibrated mock")
+                check = probes.calibration_error(profile, backend, args.check_runs, k)
+                advance("done")
+    if not args.profile:
+        document = {**profile, "calibrated": {"backend": "mlx", "model": str(Path(model_dir).resolve()),
+                                              "draft_model": str(Path(draft_dir).resolve()), "block_size": k,
+                                              "passes": repeats, "fused_layout": args.fused_layout,
+                                              "load_average": loads, "fit": fitted}}
+        _write(args.out, {**document, **({"check_concurrency2": check} if check else {})})
+        _print_profile(args.out, profile, fitted)
+        if check:
+            _print_check(check)
+    if args.report:
+        _mlx_report(args, cost, measured, runs, k, loads)
+    return 0
+
+
+def _mlx_passes(backend, k: int, repeats: int, runs: int, advance):
+    """A dropped warm-up pass, then calibration passes and checked workload runs (every mode)
+    interleaved, so both see the same machine. (calibration, {mode: runs}, load averages)."""
+    from harness.calibrate import twin
+    from harness.calibrate.ticks import TickCalibration
+
+    fresh = lambda _clock=None: backend.fresh()
+    TickCalibration(fresh, k).run_pass()  # first calls, allocations
+    calibration = TickCalibration(fresh, k)
+    measured: dict[str, list] = {mode: [] for mode in MODES}
+    loads: list[float] = []
+    advance("calibrating" if repeats else "measuring")
+    for i in range(max(repeats, runs)):
+        if i < repeats:
+            calibration.run_pass()
+        if i < runs:
+            for mode in MODES:
+                measured[mode].append(twin.measure_in_process(backend.fresh, twin.twin_config(mode, k), i))
+        loads.append(os.getloadavg()[0])
+        advance(f"pass {i + 1}/{max(repeats, runs)} (load {loads[-1]:.1f})")
+    return calibration, measured, loads
+
+
+def _mlx_report(args: argparse.Namespace, cost, measured: dict, runs: int, k: int, loads: list[float]) -> None:
+    from harness.calibrate import twin
+
+    predict = {mode: twin.simulate(cost, twin.twin_config(mode, k), range(runs)) for mode in MODES}
+    report = twin.build_report(measured, predict, runs, {
+        "backend": "mlx", "fused_layout": args.fused_layout, "profile": str(args.profile or args.out),
+        "load_average": loads})
+    _write(args.report, report)
+    _print_report(report, f"the twin vs MLX ({runs} runs per mode, load average {min(loads):.1f}-{max(loads):.1f})")
+
+
+def _print_report(report: dict, title: str) -> None:
+    from rich.console import Console
+
+    from harness.calibrate import twin
+
+    twin.print_report(Console(), report, title)
+
+
+def _draft_for(profile: dict, backend, k: int) -> dict:
+    """A padded fused forward is priced with the drafter's own cost: probe it (a split one needs none)."""
+    if profile["fused_padding"] != "padded" or profile["draft_per_token_ms"] > 0:
+        return profile
+    from coopsched.backends import calibrate as probes
+
+    probe = probes._Probe(backend)
+    try:
+        sample = probe.draft(probe.start(1, True, offset=50)[0], k - 1)
+        per_token = sorted(sample()[0] for _ in range(9))[4]  # the median of 9 calls
+    finally:
+        probe.close()
+    return {**profile, "draft_per_token_ms": round(per_token, 4)}
+
+
+# -- a server over HTTP ----------------------------------------------------------------------------
+def _target(args: argparse.Namespace, console) -> int:
+    from harness.calibrate import target, twin
+    from mocks import CostModel
+
+    server = target.Server.connect(args.target, extensions=not args.no_extensions)
+    if not server.health and not server.model:
+        raise RuntimeError(f"{server.url} answers neither /health nor /v1/models: is it an OpenAI-compatible server?")
+    calibration = target.TargetCalibration(server, args.block_size, args.max_batch)
+    repeats = 0 if args.profile else args.repeats or TARGET_REPEATS
+    runs = args.report_runs if args.report else 0
+    loads: list[float] = []
+    with _progress(console) as progress:
+        task = progress.add_task(f"calibrating {server.url}", total=repeats * len(calibration.PHASES) + runs)
+        if repeats:
+            calibration.run(repeats, lambda label: progress.update(task, advance=1, description=label))
+            profile = calibration.profile()
+        else:
+            calibration.warm_up()
+        loads.append(os.getloadavg()[0])
+        measured: list = []
+        for i in range(runs):
+            measured.append(target.measure_workload(server, twin.TWIN.requests, i))
+            loads.append(os.getloadavg()[0])
+            progress.update(task, advance=1, description=f"workload run {i + 1}/{runs}")
+    k = calibration.block_size
+    if args.profile:
+        cost = CostModel.load(args.profile)
+    else:
+        fitted = profile.pop("fit")
+        cost = CostModel(**profile)
+        document = {**profile, "calibrated": {"target": server.url, "model": server.model, "mode": server.mode,
+                                              "block_size": k, "repeats": repeats, "extensions": server.extensions,
+                                              "load_average": loads, "fit": fitted}}
+        _write(args.out, document)
+        _print_target_fit(args.out, profile, fitted, k)
+    if args.report:
+        config = target.twin_config_of(server, args.twin_mode, k)
+        predict = {config.mode: twin.simulate(cost, config, range(max(runs, 5)))}
+        report = twin.build_report({config.mode: measured}, predict, runs, {
+            "target": server.url, "profile": str(args.profile or args.out), "load_average": loads})
+        _write(args.report, report)
+        _print_report(report, f"the twin vs {server.url} (mode {config.mode}, {runs} runs)")
+    return 0
+
+
+# -- output ---------------------------------------------------------------------------------------
+def _write(path: Path, document: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _print_profile(path: Path, profile: dict, fitted: dict) -> None:
+    from rich.console import Console
+
+    out = Console()
+    out.print(f"wrote {path}: decode {profile['decode_ms']}, round {profile['round_ms']}, prefill "
+              f"{profile['prefill_fixed_ms']} + {profile['prefill_per_token_ms']}/token ms (+ "
+              f"{profile['draft_prefill_per_token_ms']}/token with the drafter), switch {profile['switch_ms']} ms "
+              f"(measured {fitted.get('switch_ms_measured')} +/- {fitted.get('switch_ms_se')}), accept_prob "
+              f"{profile['accept_prob']}, fused steps {fitted.get('fused_step_ms')}", highlight=False)
+    residuals = fitted.get("prefill_residuals_ms") or []
+    if residuals:
+        out.print(f"prefill fit residuals (ms): mean |r| {sum(map(abs, residuals)) / len(residuals):.3f}, "
+                  f"max |r| {max(map(abs, residuals)):.3f} over {len(residuals)} admissions", highlight=False)
+
+
+def _print_target_fit(path: Path, profile: dict, fitted: dict, k: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console()
+    table = Table(title=f"calibrated from token timings -> {path}", box=None, pad_edge=False, padding=(0, 1),
+                  header_style="bold")
+    for col in ("term", "x", "measured ms", "fitted ms", "residual"):
+        table.add_column(col, justify="left" if col == "term" else "right", no_wrap=True)
+    for name in ("prefill", "slice0"):
+        for x, y, r in sorted(fitted[name]["points"]):
+            table.add_row(f"{name} TTFT", f"{x:g} tok", _ms(y), _ms(y - r), f"{r:+.2f}")
+    decode = dict(profile["decode_ms"])
+    for b, s in fitted["decode"].items():
+        table.add_row("decode", f"B={b}", f"{_ms(s['mean'])} (p50 {_ms(s['p50'])}, p99 {_ms(s['p99'])})",
+                      _ms(decode[int(b)]), f"{decode[int(b)] - s['mean']:+.2f}")
+    rounds = fitted["rounds"]
+    table.add_row("round", f"K={k}", f"{_ms(rounds['mean'])} (p50 {_ms(rounds['p50'])}, p99 {_ms(rounds['p99'])})",
+                  _ms(profile["round_ms"][0][1]), "")
+    mix = fitted["mix"]
+    table.add_row("classic beside spec", "", f"{_ms(mix['mean'])} (p50 {_ms(mix['p50'])}, p99 {_ms(mix['p99'])})",
+                  "", "")
+    out.print(table)
+    out.print(f"rounds: {rounds['num_rounds']}, {rounds['tokens_per_round']:.3f} tokens per round -> accept_prob "
+              f"{profile['accept_prob']}; draft/token {profile['draft_per_token_ms']} ms; "
+              f"switch {profile['switch_ms']} ms (measured {_ms(fitted['switch_ms_measured'])}); "
+              f"classic streams that arrived in rounds: "
+              f"{fitted['classic_streams_in_rounds']}; speculative asks served classically: "
+              f"{fitted['speculative_served_classically']}", highlight=False)
+    if fitted["classic_streams_in_rounds"]:
+        out.print("[yellow]warning:[/] classic requests arrived in rounds: the server ignores `speculative: false`, "
+                  "so the decode steps above are mixed with rounds")
+
+
+def _print_check(check: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from coopsched.backends.calibrate import METRICS
+
+    table = Table(title=f"concurrency2: calibrated mock vs MLX ({check['runs']} runs, "
+                        f"acceptance {check['acceptance']})")
+    for col in ("metric", "mlx mean", "mock mean", "error", "mlx p99", "mock p99", "error"):
+        table.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
+    pct = lambda x: "-" if x is None else f"{x:+.0%}"
+    for metric in METRICS:
+        m = check[metric]
+        table.add_row(metric, _ms(m["mlx"]["mean"]), _ms(m["mock"]["mean"]), pct(m["error"]["mean"]),
+                      _ms(m["mlx"]["p99"]), _ms(m["mock"]["p99"]), pct(m["error"]["p99"]))
+    Console().print(table)

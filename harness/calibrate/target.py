@@ -1,0 +1,301 @@
+"""`coopsched calibrate --target URL`: a mock cost profile of any OpenAI-compatible streaming server,
+from the timing of its tokens alone (the shared live client reads the streams).
+
+- prefill: TTFT of lone requests at several prompt lengths, fitted fixed + per token (classic, and
+  speculative for the drafter's share);
+- decode: N concurrent classic requests (`speculative: false` where the server honours it) at N = 1,
+  2, 4, 8: the token gaps while all N decode;
+- rounds: lone speculative requests, their arrivals grouped into rounds (harness/calibrate/fit.py):
+  the gap between rounds (one `round_ms` term: timing cannot split draft from verify) and the tokens
+  per round, which give the drafter's acceptance;
+- a classic request beside a speculative one: in fused mode (the server's /health says so) its gaps
+  are fused steps, which price the draft inside a round; in slice mode, what they cost beyond a
+  decode and a round is the switch between the paths (kept only when it stands out of the noise).
+Every term's spread is fitted as quantiles (its jitter), so p99s carry over.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.calibrate import fit
+from harness.calibrate.ticks import draft_from_fused
+from harness.live import client
+
+PREFILL_LENGTHS = (16, 64, 256, 1024)
+DECODE_BATCHES = (1, 2, 4, 8)
+DECODE_TOKENS = 48
+ROUND_TOKENS = 128
+MIX_CLASSIC_TOKENS, MIX_SPEC_TOKENS, MIX_SPEC_DELAY_MS = 96, 64, 20.0
+MIN_SWITCH_SE = 2.0
+TIMEOUT_S = 300.0
+
+
+def text_prompt(num_chars: int, key: object = 0) -> str:
+    """Seeded printable ASCII (one token per character on a byte-level tokenizer, fewer on a BPE).
+    Every request gets its own key: a server with a prefix cache (mlx_lm.server, vLLM) would
+    answer a prompt it has seen, or one that starts like it, without prefilling it."""
+    rng = random.Random(f"calibrate-target:{key}")
+    return "".join(chr(rng.randrange(32, 127)) for _ in range(num_chars))
+
+
+@dataclass
+class Server:
+    """The server under calibration and how to talk to it."""
+    url: str
+    health: dict = field(default_factory=dict)
+    model: str | None = None
+    extensions: bool = True   # coopsched's `speculative` and `return_token_ids`, vLLM's `ignore_eos`
+
+    @classmethod
+    def connect(cls, url: str, extensions: bool = True) -> Server:
+        client.split_url(url)
+        url = url if "://" in url else f"http://{url}"
+        health = client.get_json(url, "/health") or {}
+        models = (client.get_json(url, "/v1/models") or {}).get("data") or []
+        return cls(url, health, models[0].get("id") if models else None, extensions)
+
+    @property
+    def mode(self) -> str | None:
+        return self.health.get("mode")
+
+    def body(self, prompt: str, max_tokens: int, speculative: bool) -> dict:
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if self.model:
+            body["model"] = self.model
+        if self.extensions:
+            body.update(speculative=speculative, return_token_ids=True, ignore_eos=True)
+        return body
+
+    def collect(self, body: dict) -> client.Collected:
+        got = client.collect(self.url, body, timeout_s=TIMEOUT_S)
+        if got.status == 400 and self.extensions:  # a strict server refuses the extensions: go plain
+            self.extensions = False
+            plain = {k: v for k, v in body.items() if k not in ("speculative", "return_token_ids", "ignore_eos")}
+            got = client.collect(self.url, plain, timeout_s=TIMEOUT_S)
+        if got.error:
+            raise RuntimeError(f"{self.url}: a calibration request failed: {got.error}")
+        return got
+
+    def together(self, bodies: Sequence[dict], offsets_ms: Sequence[float] | None = None) -> list[client.Collected]:
+        """Each body streamed from its own thread, sent `offsets_ms` after a common start."""
+        offsets = list(offsets_ms or [0.0] * len(bodies))
+        outs: list[client.Collected | BaseException | None] = [None] * len(bodies)
+        origin = time.perf_counter_ns() + 2_000_000  # 2 ms for the threads to start
+
+        def send(i: int) -> None:
+            delay = (origin - time.perf_counter_ns()) / 1e9 + offsets[i] / 1e3
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                outs[i] = self.collect(bodies[i])
+            except BaseException as exc:  # re-raised on the calling thread
+                outs[i] = exc
+
+        threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(len(bodies))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT_S)
+        for out in outs:
+            if isinstance(out, BaseException):
+                raise out
+        return [o for o in outs if isinstance(o, client.Collected)]
+
+
+def arrivals_ms(got: client.Collected, origin_ns: int | None = None) -> tuple[list[float], list[int]]:
+    """(time in ms after origin, tokens) of each arrival that carried tokens."""
+    origin = got.sent_ns if origin_ns is None else origin_ns
+    pairs = [((a.time_ns - origin) / 1e6, n) for a, n in zip(got.arrivals, got.counts) if n > 0]
+    return [t for t, _ in pairs], [n for _, n in pairs]
+
+
+def served_speculatively(got: client.Collected) -> bool | None:
+    extension = next((a.event["coopsched"] for a in reversed(got.arrivals) if a.event.get("coopsched")), None)
+    return None if extension is None else extension.get("served_speculatively")
+
+
+@dataclass
+class Samples:
+    ttft: dict[bool, list[tuple[int, float]]] = field(default_factory=lambda: {False: [], True: []})
+    decode: dict[int, list[float]] = field(default_factory=dict)   # streams decoding together -> per-token gaps
+    round_gaps: list[float] = field(default_factory=list)
+    round_tokens: list[int] = field(default_factory=list)
+    mix_gaps: list[float] = field(default_factory=list)             # classic gaps while a spec request runs
+    classic_grouped: int = 0                                         # classic streams that arrived in rounds
+    spec_served_classic: int = 0                                     # speculative asks served classically
+
+
+class TargetCalibration:
+    def __init__(self, server: Server, block_size: int | None = None, max_batch: int = 8) -> None:
+        self.server = server
+        self.block_size = block_size or int(server.health.get("block_size") or 4)
+        self.batches = [b for b in DECODE_BATCHES if b <= max_batch] or [1]
+        context = int(server.health.get("context_tokens") or 4096)
+        self.lengths = [n for n in PREFILL_LENGTHS if n + 8 <= context] or [8]
+        self.samples = Samples()
+
+    def warm_up(self) -> None:
+        for speculative in (False, True):
+            self.server.collect(self.server.body(text_prompt(16, f"warm:{speculative}"), 4, speculative))
+
+    def prefill_pass(self, rep: int) -> None:
+        for length in self.lengths:
+            for speculative in (False, True):
+                prompt = text_prompt(length, f"prefill:{rep}:{length}:{speculative}")
+                got = self.server.collect(self.server.body(prompt, 2, speculative))
+                times, _ = arrivals_ms(got)
+                prompt_tokens = (got.usage or {}).get("prompt_tokens") or length
+                if times:
+                    self.samples.ttft[speculative].append((int(prompt_tokens), times[0]))
+
+    def decode_pass(self, rep: int) -> None:
+        for b in self.batches:
+            prompts = [text_prompt(16, f"decode:{rep}:{b}:{i}") for i in range(b)]
+            outs = self.server.together([self.server.body(prompt, DECODE_TOKENS, False) for prompt in prompts])
+            origin = min(o.sent_ns for o in outs)
+            streams = [arrivals_ms(o, origin) for o in outs if o.arrivals]
+            spans = [(times[0], times[-1]) for times, _ in streams if times]
+            for times, counts in streams:
+                for (a, b_), n in zip(itertools.pairwise(times), counts[1:]):
+                    if any(a < first <= b_ for first, _ in spans):  # another stream's prefill is in this gap
+                        continue
+                    # the batch: the streams decoding across the whole gap (a server may admit in waves)
+                    active = sum(first <= a and b_ <= last for first, last in spans)
+                    self.samples.decode.setdefault(active, []).append((b_ - a) / n)
+                groups = fit.group_arrivals(times, counts)
+                if any(g.num_tokens > 1 for g in groups[1:-1]):
+                    self.samples.classic_grouped += 1
+
+    def round_pass(self, rep: int) -> None:
+        got = self.server.collect(self.server.body(text_prompt(32, f"rounds:{rep}"), ROUND_TOKENS, True))
+        if served_speculatively(got) is False:
+            self.samples.spec_served_classic += 1
+            return
+        rounds = fit.rounds_of(fit.group_arrivals(*arrivals_ms(got)))
+        self.samples.round_gaps += rounds.gaps_ms
+        self.samples.round_tokens += rounds.tokens
+
+    def mix_pass(self, rep: int) -> None:
+        classic = self.server.body(text_prompt(16, f"mix:{rep}:classic"), MIX_CLASSIC_TOKENS, False)
+        spec = self.server.body(text_prompt(32, f"mix:{rep}:spec"), MIX_SPEC_TOKENS, True)
+        outs = self.server.together([classic, spec], [0.0, MIX_SPEC_DELAY_MS])
+        origin = min(o.sent_ns for o in outs)
+        (c_times, c_counts), (s_times, _) = (arrivals_ms(o, origin) for o in outs)
+        if len(s_times) < 3:
+            return
+        first, last = s_times[1], s_times[-1]  # the speculative request is past its slice 0 ...
+        for (a, b), n in zip(itertools.pairwise(c_times), c_counts[1:]):
+            if a >= first and b <= last:       # ... and still running
+                self.samples.mix_gaps.append((b - a) / n)
+
+    PHASES = (("prefill", "prefill_pass"), ("decode", "decode_pass"), ("rounds", "round_pass"), ("mix", "mix_pass"))
+
+    def run(self, repeats: int, advance: Callable[[str], None] | None = None) -> None:
+        """Every phase `repeats` times, round-robin, so load elsewhere spreads over all of them."""
+        self.warm_up()
+        for rep in range(repeats):
+            for name, method in self.PHASES:
+                getattr(self, method)(rep)
+                if advance:
+                    advance(f"{name} {rep + 1}/{repeats}")
+
+    # -- the profile -------------------------------------------------------------------------
+    def profile(self) -> dict:
+        s, k = self.samples, self.block_size
+        if not s.round_gaps:
+            raise RuntimeError("no speculative rounds were seen: the server served every speculative request "
+                               "classically, or streamed each one in one lump (a legacy burst); rounds cannot "
+                               "be timed from its tokens")
+        batches = sorted(b for b in s.decode if s.decode[b])
+        levels, decode_ratios = fit.levels({b: s.decode[b] for b in batches})
+        decode = fit.monotone([levels[b] for b in batches], [len(s.decode[b]) for b in batches])
+        decode_points = [[b, round(v, 4)] for b, v in zip(batches, decode)]
+        decode_at = dict(zip(batches, decode))
+        prefill = fit.LinearFit.of(*zip(*s.ttft[False]))
+        slice0 = fit.LinearFit.of(*zip(*s.ttft[True])) if s.ttft[True] else prefill
+        extra = [(x, y - prefill(x)) for x, y in s.ttft[True]]
+        draft_prefill = sum(x * d for x, d in extra) / sum(x * x for x, _ in extra) if extra else 0.0
+        round_levels, round_ratios = fit.levels({k: s.round_gaps})
+        round_ms = round_levels[k]
+        mean_tokens = float(np.mean(s.round_tokens))
+        accept = fit.acceptance_from_tokens(mean_tokens, k)
+        mode = self.server.mode
+        draft = switch = 0.0
+        mix = fit.summary(s.mix_gaps)
+        switch_raw = switch_se = None
+        if mode == "fused" and s.mix_gaps:
+            draft = draft_from_fused({1: mix["mean"]}, decode_points, k, "ragged")
+        elif mode == "slice" and len(s.mix_gaps) > 1:
+            switch_raw = (mix["mean"] - decode_at[batches[0]] - round_ms) / 2
+            switch_se = float(np.std(s.mix_gaps, ddof=1) / np.sqrt(len(s.mix_gaps)) / 2)
+            switch = switch_raw if switch_raw > MIN_SWITCH_SE * switch_se else 0.0
+        quantiles = {
+            "prefill": fit.jitter_quantiles([y / prefill(x) for x, y in s.ttft[False] if prefill(x) > 0]),
+            "decode": fit.jitter_quantiles(decode_ratios),
+            "verify": fit.jitter_quantiles(round_ratios),
+        }
+        if mode == "fused" and s.mix_gaps:
+            quantiles["fused"] = fit.jitter_quantiles([g / mix["mean"] for g in s.mix_gaps])
+        return {
+            "prefill_fixed_ms": round(max(prefill.fixed, 0.0), 4),
+            "prefill_per_token_ms": round(max(prefill.slope, 0.0), 5),
+            "draft_prefill_per_token_ms": round(max(draft_prefill, 0.0), 5),
+            "decode_ms": decode_points,
+            "draft_per_token_ms": round(draft, 4),
+            "verify_ms": [[1, decode_points[0][1]], [k, round(max(round_ms - draft * (k - 1), 0.0), 4)]],
+            "round_ms": [[k, round(round_ms, 4)]],
+            "fused_padding": "ragged",
+            "switch_ms": round(switch, 4),
+            "jitter_quantiles": {term: qs for term, qs in quantiles.items() if qs},
+            "accept_prob": round(accept, 4),
+            "fit": {"prefill": _line(prefill), "slice0": _line(slice0),
+                    "decode": {b: fit.summary(s.decode[b]) for b in batches},
+                    "rounds": {**fit.summary(s.round_gaps), "tokens_per_round": mean_tokens,
+                               "num_rounds": len(s.round_tokens)},
+                    "mix": mix, "switch_ms_measured": switch_raw, "switch_ms_se": switch_se,
+                    "classic_streams_in_rounds": s.classic_grouped,
+                    "speculative_served_classically": s.spec_served_classic},
+        }
+
+
+def _line(line: fit.LinearFit) -> dict:
+    return {"fixed_ms": line.fixed, "per_token_ms": line.slope,
+            "points": [[x, y, r] for x, y, r in zip(line.xs, line.ys, line.residuals)]}
+
+
+# -- the twin check: the fixed workload over HTTP ------------------------------------------------
+def measure_workload(server: Server, specs, seed: int) -> list[dict]:
+    """One run of the workload's requests at their arrival offsets; per request what twin.pooled reads."""
+    from harness.calibrate.twin import served
+
+    bodies = [server.body(bytes(s.prompt_tokens(seed)).decode("utf-8", errors="replace"), s.max_tokens,
+                          s.speculative) for s in specs]
+    outs = server.together(bodies, [s.arrival_ms for s in specs])
+    origin = min(o.sent_ns for o in outs)
+    rows = []
+    for spec, got in zip(specs, outs):
+        times, counts = arrivals_ms(got, origin)
+        served_spec = served_speculatively(got)
+        rows.append(served((got.sent_ns - origin) / 1e6, [t for t, n in zip(times, counts) for _ in range(n)],
+                           spec.speculative if served_spec is None else served_spec))
+    return rows
+
+
+def twin_config_of(server: Server, mode: str | None, block_size: int):
+    """The scheduler the server reports (mode, K, G, batch), for simulating it."""
+    from coopsched.core import MODES
+    from harness.calibrate.twin import twin_config
+
+    health = server.health
+    options = {key: int(health[key]) for key in ("grant_rounds", "backlog_cap", "max_batch_size") if key in health}
+    reported = server.mode if server.mode in MODES else None
+    return twin_config(mode or reported or "slice", block_size, **options)
