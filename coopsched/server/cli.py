@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mock: prefill cost per prompt token (default 0.2)")
     parser.add_argument("--cost", type=Path, metavar="PROFILE.json",
                         help="mock: a cost profile (coopsched calibrate); wins over the three knobs above")
-    parser.add_argument("--accept-prob", type=float, default=0.7,
-                        help="mock: the drafter's per-token acceptance probability (default 0.7)")
+    parser.add_argument("--accept-prob", type=float, default=None,
+                        help="mock: the drafter's per-token acceptance probability (default: the --cost "
+                             "profile's accept_prob if it has one, else 0.7)")
     parser.add_argument("--eos-rate", type=float, default=0.0,
                         help="mock: share of positions where the target samples EOS (default 0: outputs run "
                              "to max_tokens; > 0 gives min_tokens and ignore_eos something to do)")
@@ -78,7 +79,8 @@ def build_host(args: argparse.Namespace):
         from mocks import CostModel
         cost = CostModel.load(args.cost) if args.cost else CostModel.simple(
             args.decode_ms, args.round_ms, args.prefill_ms_per_token, config.block_size)
-        model = mock_model(clock, cost, config.block_size, args.accept_prob, eos_rate=args.eos_rate)
+        accept_prob = next(p for p in (args.accept_prob, cost.accept_prob, 0.7) if p is not None)
+        model = mock_model(clock, cost, config.block_size, accept_prob, eos_rate=args.eos_rate)
     return EngineHost(model, config, clock, max_queue=args.max_queue)
 
 
