@@ -28,16 +28,17 @@ class SoloFigures:
     stall_ms: float | None
     num_tokens: int
     error: str | None = None
+    max_tokens_per_event: int = 1   # R of the stall rule (harness/live/stalls.py): one round's tokens
 
     def to_json(self) -> dict:
         return {"ttft_ms": self.ttft_ms, "stall_ms": self.stall_ms, "num_tokens": self.num_tokens,
-                "error": self.error}
+                "error": self.error, "max_tokens_per_event": self.max_tokens_per_event}
 
 
 def figures(got: client.Collected) -> SoloFigures:
     times = got.token_times_ms(got.sent_ns)
     stall = max(metrics.itl(times), default=0.0) if times else None
-    return SoloFigures(times[0] if times else None, stall, len(times), got.error)
+    return SoloFigures(times[0] if times else None, stall, len(times), got.error, max(got.counts, default=1))
 
 
 def measure(base: str, body: dict, *, path: str = "/v1/completions", timeout_s: float = 300.0) -> SoloFigures:
