@@ -350,7 +350,8 @@ def solo_verdict(ms: dict, figures: dict, failures: int, streams: list) -> dict:
                   "gap_limit_ms": solo.solo_limit(figures[k].stall_ms)} for k in KINDS}
     worst = {k: {"ttft_max_ms": float(ms[k]["ttft"].max()) if ms[k]["ttft"].size else None,
                  "gap_max_ms": float(ms[k]["gaps"].max())} for k in KINDS}
-    rule = stalls.Rule(tokens_per_round=max(figures[k].max_tokens_per_event for k in KINDS))
+    rule = stalls.Rule(tokens_per_round=max(figures[k].max_tokens_per_event for k in KINDS),
+                       pace_ms=min((figures[k].pace_ms for k in KINDS if figures[k].pace_ms), default=None))
     waits = [w for st in streams
              for w in stalls.waits_of(st, limits[st.kind]["gap_limit_ms"], limits[st.kind]["ttft_limit_ms"])]
     line = stalls.judge(waits, streams, rule)

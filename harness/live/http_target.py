@@ -264,7 +264,8 @@ def cost_checks(outs: list[Streamed], scenario: Scenario, cost: CostModel, healt
 def solo_checks(outs: list[Streamed], solo: dict[str, Streamed]) -> list[dict]:
     """Together vs alone: TTFT and every gap within the solo rule (harness/live/solo.py); a wait over it
     is charged only if a stream ran ahead in it (R: the most tokens one event carried alone)."""
-    rule = stalls.Rule(tokens_per_round=max((s.max_event_tokens for s in solo.values()), default=1))
+    rule = stalls.Rule(tokens_per_round=max((s.max_event_tokens for s in solo.values()), default=1),
+                       pace_ms=stalls.pace_ms([s.stream for s in solo.values() if s.stream is not None]))
     out = []
     for name, index, figure in (("ttft_vs_solo", 0, lambda o: o.ttft_ms), ("stall_vs_solo", 1, lambda o: o.stall_ms)):
         waits = []

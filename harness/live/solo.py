@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.live import client
+from harness.live import client, stalls
 from harness.run import metrics
 
 SOLO_MULTIPLE = 3.0
@@ -29,16 +29,18 @@ class SoloFigures:
     num_tokens: int
     error: str | None = None
     max_tokens_per_event: int = 1   # R of the stall rule (harness/live/stalls.py): one round's tokens
+    pace_ms: float | None = None    # median interval between its arrivals (the stall rule's pace)
 
     def to_json(self) -> dict:
         return {"ttft_ms": self.ttft_ms, "stall_ms": self.stall_ms, "num_tokens": self.num_tokens,
-                "error": self.error, "max_tokens_per_event": self.max_tokens_per_event}
+                "error": self.error, "max_tokens_per_event": self.max_tokens_per_event, "pace_ms": self.pace_ms}
 
 
 def figures(got: client.Collected) -> SoloFigures:
     times = got.token_times_ms(got.sent_ns)
     stall = max(metrics.itl(times), default=0.0) if times else None
-    return SoloFigures(times[0] if times else None, stall, len(times), got.error, max(got.counts, default=1))
+    pace = stalls.pace_ms([stalls.Stream.of("solo", "solo", got)])
+    return SoloFigures(times[0] if times else None, stall, len(times), got.error, max(got.counts, default=1), pace)
 
 
 def measure(base: str, body: dict, *, path: str = "/v1/completions", timeout_s: float = 300.0) -> SoloFigures:

@@ -17,6 +17,7 @@ counts) and one more round is allowed for that reordering.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -65,22 +66,32 @@ class Rule:
     rounds: int = 1                # rounds of other work a wait may hold (the bound's spec actions)
     admissions: int = 1            # first tokens (slice 0, a prefill) a wait may hold
     tolerance_ms: float = TOLERANCE_MS
+    pace_ms: float | None = None   # client timeline: the fastest stream's arrival interval alone
 
-    def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0) -> int:
-        """A; `rounds` and `admissions` add a wait's own extra (requests pending in it)."""
-        extra = self.tokens_per_round if timeline == CLIENT else 0  # a round read out of order
+    def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0) -> int:
+        """A; `rounds` and `admissions` add a wait's own extra (requests pending in it). On client
+        arrivals another stream may also stream at its own pace for as long as the wait's limit: the
+        client cannot tell a frozen reader (its events buffered, read at once) from a server ahead."""
+        extra = 0
+        if timeline == CLIENT:
+            extra = self.tokens_per_round  # a round read out of order
+            if self.pace_ms:
+                extra += math.ceil(limit_ms / self.pace_ms) * self.tokens_per_round
         return (self.rounds + rounds) * self.tokens_per_round + self.admissions + admissions + extra
 
     def describe(self, timeline: str) -> str:
         a = self.allowance(timeline)
-        where = ("on the server's tick timeline (each event carries its tick end)" if timeline == SERVER else
-                 f"on the client's arrivals (no tick stamps; another stream's first arrival up to "
-                 f"{self.tolerance_ms:g} ms after the wait counts, and one more round is allowed for reordering)")
+        where = "on the server's tick timeline (each event carries its tick end)"
+        if timeline == CLIENT:
+            where = (f"on the client's arrivals (no tick stamps; another stream's first arrival up to "
+                     f"{self.tolerance_ms:g} ms after the wait counts, and one more round is allowed for reordering"
+                     + (f"; plus R per {self.pace_ms:.1f} ms of the wait's limit, the fastest stream's pace alone"
+                        if self.pace_ms else "") + ")")
+        plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
         return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
-                f"more than A = "
-                f"{self.rounds} x R {self.tokens_per_round} + {self.admissions}"
-                f"{f' + {self.tokens_per_round}' if timeline == CLIENT else ''} = {a} tokens during it, "
-                f"{where}; otherwise it is noise (every stream waited alike) and counts at its limit")
+                f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
+                f"{' (+ pace)' if timeline == CLIENT and self.pace_ms else ''} tokens during it, {where}; "
+                f"otherwise it is noise (every stream waited alike) and counts at its limit")
 
 
 @dataclass
@@ -102,6 +113,16 @@ class Wait:
         return {"stream": self.stream.id, "kind": self.stream.kind, "token": self.index, "ms": round(self.ms, 3),
                 "limit_ms": round(self.limit_ms, 3), "evidence_tokens": self.evidence, "by": self.by,
                 "allowance_tokens": self.allowance, "verdict": self.verdict}
+
+
+def pace_ms(streams: Sequence[Stream]) -> float | None:
+    """The shortest median interval between one stream's arrivals (solo runs give each kind's own pace)."""
+    paces = []
+    for s in streams:
+        distinct = np.unique(np.asarray(s.arrivals_ns, dtype=np.int64))
+        if distinct.size > 2:
+            paces.append(float(np.median(np.diff(distinct))) / 1e6)
+    return min(paces, default=None)
 
 
 def timeline(streams: Sequence[Stream]) -> str:
@@ -138,7 +159,7 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
                 n += int(np.searchsorted(t, t[k], "right")) - k
             if n > w.evidence:
                 w.evidence, w.by = n, other.id
-        w.allowance = rule.allowance(line, w.rounds, w.admissions)
+        w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)
         if w.ms <= w.limit_ms:
             w.verdict, w.charged_ms = "ok", w.ms
         elif w.evidence > w.allowance:

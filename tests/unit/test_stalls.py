@@ -119,3 +119,18 @@ def test_streams_survive_the_trip_to_a_locust_master():
     assert stalls.Stream.from_json(s.to_json()) == s
     t = stream("classic", [1.0])
     assert stalls.Stream.from_json(t.to_json()) == t
+
+
+def test_on_client_arrivals_a_fast_stream_may_keep_its_pace_for_the_wait_limit():
+    """A frozen reader reads the other stream's buffered events at once; up to the wait's limit at that
+    stream's own pace is not a block, a whole serialized reply is."""
+    classic = [0.0, 150.0]
+    fast = [2.0 + 3.0 * i for i in range(20)] + [150.0] * 30  # 3 ms per token, then 30 buffered events
+    c, f = stream("classic", classic), stream("fast", fast)
+    paced = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([stream("alone", [3.0 * i for i in range(9)])]))
+    assert paced.pace_ms == 3.0
+    assert judge([stalls.Wait(c, 1, 60.0)], [c, f], paced)[1] == [("hol", 50)]  # 50 > 1 + 1 + 1 + 20
+    serialized = [stalls.Wait(c, 1, 60.0)]
+    short = stream("fast", [2.0 + 3.0 * i for i in range(18)])
+    assert judge(serialized, [c, short], paced)[1] == [("noise", 18)]
+    assert "plus R per 3.0 ms" in paced.describe(stalls.CLIENT)
