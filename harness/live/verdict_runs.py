@@ -51,6 +51,7 @@ def one_run(locustfile: Path, pythonpath: str, mode: str, seconds: int, workdir:
                            "-t", f"{seconds}s", "--report-json", str(report_path)], cwd=workdir, env=env,
                           capture_output=True, text=True, timeout=seconds + 120)
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    split = worst_gap_split(report)
     every = (report.get("stalls") or {}).get("every_gap") or {}
     gap_max, limit = report.get("classic_itl_max_ms"), report.get("gap_limit_ms")
     return {"mode": mode, "exit": proc.returncode, "verdict": report.get("verdict"), "server_mode": report.get("mode"),
@@ -59,8 +60,27 @@ def one_run(locustfile: Path, pythonpath: str, mode: str, seconds: int, workdir:
             "noise_gaps": every.get("noise"), "hol_gaps": every.get("hol"),
             "evidence_max": every.get("max_evidence_tokens"), "timeline": every.get("timeline"),
             "allowance": (every.get("worst_hol") or every.get("worst_noise") or {}).get("allowance_tokens"),
-            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2), **split,
             "tail": None if report else (proc.stdout + proc.stderr)[-1500:]}
+
+
+def worst_gap_split(report: dict) -> dict:
+    """Where the worst classic gap's time went: the engine's own gap (tick end to tick end) and what
+    delivery (SSE, socket, the client) added to it; and the worst engine gap of the run."""
+    worst, engine_max = None, None
+    for r in report.get("per_request", []):
+        times, ticks = r.get("token_times_ms") or [], r.get("tick_end_ms")
+        if r.get("kind") != "classic" or not ticks:
+            continue
+        for i in range(1, len(times)):
+            gap, engine = times[i] - times[i - 1], ticks[i] - ticks[i - 1]
+            engine_max = engine if engine_max is None else max(engine_max, engine)
+            if worst is None or gap > worst[0]:
+                worst = (gap, engine)
+    if worst is None:
+        return {"worst_gap_engine_ms": None, "worst_gap_delivery_ms": None, "engine_gap_max_ms": None}
+    return {"worst_gap_engine_ms": round(worst[1], 3), "worst_gap_delivery_ms": round(worst[0] - worst[1], 3),
+            "engine_gap_max_ms": round(engine_max, 3)}
 
 
 def row(label: str, mode: str, busy: int, runs: list[dict]) -> dict:
@@ -76,7 +96,10 @@ def row(label: str, mode: str, busy: int, runs: list[dict]) -> dict:
             "noise_gaps": sum(r["noise_gaps"] or 0 for r in runs), "hol_gaps": sum(r["hol_gaps"] or 0 for r in runs),
             "evidence_range": [min(evidence), max(evidence)] if evidence else None,
             "allowance": next((r["allowance"] for r in runs if r["allowance"] is not None), None),
-            "load_range": [min(loads), max(loads)], "per_run": runs}
+            "load_range": [min(loads), max(loads)],
+            "engine_gap_max_ms": max((r["engine_gap_max_ms"] for r in runs if r.get("engine_gap_max_ms")),
+                                     default=None),
+            "per_run": runs}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -91,6 +114,19 @@ def print_table(rows: list[dict]) -> None:
               f"{f(r['margin_worst'])}, {f(r['margin_median'])}, {f(r['margin_best'])} | "
               f"{f(r['p99_over_limit_worst'])} | {r['noise_gaps']} / {r['hol_gaps']} | {ev} | "
               f"{r['load_range'][0]:.1f}-{r['load_range'][1]:.1f} |", flush=True)
+
+
+def print_split(rows: list[dict]) -> None:
+    """Slice runs with tick stamps: the worst classic gap of each run, split into engine and delivery."""
+    print("\n| code | busy loops | worst classic gap of each run (ms) = engine gap + delivery, over the runs |")
+    print("|---|---|---|")
+    for r in rows:
+        runs = [x for x in r["per_run"] if x.get("worst_gap_engine_ms") is not None]
+        if r["mode"] != "slice" or not runs:
+            continue
+        parts = ", ".join(f"{x['gap_max_ms']:.0f} = {x['worst_gap_engine_ms']:.0f} + {x['worst_gap_delivery_ms']:.0f}"
+                          for x in sorted(runs, key=lambda x: -x["gap_max_ms"]))
+        print(f"| {r['label']} | {r['busy']} | {parts} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row(args.label, mode, busy, runs))
                 time.sleep(1)
     print_table(rows)
+    print_split(rows)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0

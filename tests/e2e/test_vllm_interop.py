@@ -18,14 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e_servers import clean_env, serve
+from e2e_servers import clean_env
 
-from harness.live.client import free_port
+from harness.live.client import free_port, spawn_server
 
 pytestmark = pytest.mark.interop
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "scenarios" / "concurrency2.py"
 RUNS = 5
+STARTUP_S = 300  # 45-65 s on a quiet 2-core machine, minutes under load
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 CONFIGS = {"no-spec": [], "ngram": ["--speculative-config", json.dumps(NGRAM)]}
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "VLLM_NO_USAGE_STATS": "1",
@@ -64,7 +65,7 @@ def vllm(request, model_dir):
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                "--dtype", "float32", "--max-model-len", "1024", "--gpu-memory-utilization", "0.15",
                "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats", *CONFIGS[request.param]]
-    with serve(command=command, port=port, env=clean_env(**VLLM_ENV)) as served:
+    with spawn_server(command=command, port=port, env=clean_env(**VLLM_ENV), timeout_s=STARTUP_S) as served:
         yield request.param, served.url
 
 
