@@ -65,7 +65,9 @@ def vllm(request, model_dir):
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                "--dtype", "float32", "--max-model-len", "1024", "--gpu-memory-utilization", "0.15",
                "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats", *CONFIGS[request.param]]
-    with spawn_server(command=command, port=port, env=clean_env(**VLLM_ENV), timeout_s=STARTUP_S) as served:
+    # its own process group: vLLM forks an engine core and a worker that must not outlive the test
+    with spawn_server(command=command, port=port, env=clean_env(**VLLM_ENV), timeout_s=STARTUP_S,
+                      own_group=True) as served:
         yield request.param, served.url
 
 
