@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from harness.live import client, stalls
 from harness.live.solo import RULE as SOLO_RULE
-from harness.live.solo import solo_limit
+from harness.live.solo import SOLO_RUNS, solo_limit
 from harness.run import metrics
 from harness.run.checks import REAL_TIME_ALLOWANCE, check
 from harness.run.scenario import RequestSpec, Scenario
@@ -55,6 +55,40 @@ class Streamed:
     @property
     def is_speculative(self) -> bool:
         return self.spec.speculative if self.served_speculatively is None else self.served_speculatively
+
+
+@dataclass
+class Solo:
+    """One request's runs alone: its figures are the worst of them (harness/live/solo.py)."""
+    runs: list[Streamed]
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return max((r.ttft_ms for r in self.runs if r.ttft_ms is not None), default=None)
+
+    @property
+    def stall_ms(self) -> float | None:
+        return max((r.stall_ms for r in self.runs if r.token_times_ms), default=None)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.runs[0].token_ids
+
+    @property
+    def text(self) -> str:
+        return self.runs[0].text
+
+    @property
+    def num_tokens(self) -> int:
+        return min(len(r.token_times_ms) for r in self.runs)
+
+    @property
+    def max_event_tokens(self) -> int:
+        return max(r.max_event_tokens for r in self.runs)
+
+    @property
+    def streams(self) -> list[stalls.Stream]:
+        return [r.stream for r in self.runs if r.stream is not None]
 
 
 class Target:
@@ -261,11 +295,11 @@ def cost_checks(outs: list[Streamed], scenario: Scenario, cost: CostModel, healt
     return out
 
 
-def solo_checks(outs: list[Streamed], solo: dict[str, Streamed]) -> list[dict]:
+def solo_checks(outs: list[Streamed], solo: dict[str, Solo]) -> list[dict]:
     """Together vs alone: TTFT and every gap within the solo rule (harness/live/solo.py); a wait over it
     is charged only if a stream ran ahead in it (R: the most tokens one event carried alone)."""
     rule = stalls.Rule(tokens_per_round=max((s.max_event_tokens for s in solo.values()), default=1),
-                       pace_ms=stalls.pace_ms([s.stream for s in solo.values() if s.stream is not None]))
+                       pace_ms=stalls.pace_ms([st for s in solo.values() for st in s.streams]))
     out = []
     for name, index, figure in (("ttft_vs_solo", 0, lambda o: o.ttft_ms), ("stall_vs_solo", 1, lambda o: o.stall_ms)):
         waits = []
@@ -288,7 +322,7 @@ def solo_checks(outs: list[Streamed], solo: dict[str, Streamed]) -> list[dict]:
     return out
 
 
-def _tokens(o: Streamed):
+def _tokens(o: Streamed | Solo):
     return o.token_ids or o.text
 
 
@@ -309,10 +343,11 @@ def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *,
 
     if warm:
         warm_up(target, specs, seed, model)
-    solo: dict[str, Streamed] = {}
+    solo: dict[str, Solo] = {}
     if costs is None:  # learn each request's solo figures first
         for spec in specs:
-            solo[spec.id] = run_together(target, [replace(spec, arrival_ms=0.0)], seed, model)[0]
+            solo[spec.id] = Solo([run_together(target, [replace(spec, arrival_ms=0.0)], seed, model)[0]
+                                  for _ in range(SOLO_RUNS)])
     outs = run_together(target, specs, seed, model)
 
     checks = [completion_check(outs)]
@@ -351,8 +386,8 @@ def to_trace(scenario, outs, solo, checks, seed, url, health, model) -> dict:
              "requests": requests, "checks": checks,
              "throughput": metrics.throughput([{**r, "token_ids": [0] * r["num_tokens"]} for r in requests])}
     if solo:
-        trace["solo"] = {i: {"ttft_ms": s.ttft_ms, "stall_ms": s.stall_ms, "num_tokens": len(s.token_times_ms)}
-                         for i, s in solo.items()}
+        trace["solo"] = {i: {"ttft_ms": s.ttft_ms, "stall_ms": s.stall_ms, "num_tokens": s.num_tokens,
+                             "runs": len(s.runs)} for i, s in solo.items()}
     bursts = [{**o.burst, "seq_id": o.spec.id, "server_seq_id": o.burst.get("seq_id")} for o in outs if o.burst]
     if bursts:  # only a server that reports BurstFinalized records (coopsched serve) has them
         trace["bursts"] = bursts

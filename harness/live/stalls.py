@@ -66,7 +66,7 @@ class Rule:
     rounds: int = 1                # rounds of other work a wait may hold (the bound's spec actions)
     admissions: int = 1            # first tokens (slice 0, a prefill) a wait may hold
     tolerance_ms: float = TOLERANCE_MS
-    pace_ms: float | None = None   # client timeline: the fastest stream's arrival interval alone
+    pace_ms: float | None = None   # client timeline: the fastest stream's ms per token alone
 
     def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0) -> int:
         """A; `rounds` and `admissions` add a wait's own extra (requests pending in it). On client
@@ -76,7 +76,7 @@ class Rule:
         if timeline == CLIENT:
             extra = self.tokens_per_round  # a round read out of order
             if self.pace_ms:
-                extra += math.ceil(limit_ms / self.pace_ms) * self.tokens_per_round
+                extra += math.ceil(limit_ms / self.pace_ms)
         return (self.rounds + rounds) * self.tokens_per_round + self.admissions + admissions + extra
 
     def describe(self, timeline: str) -> str:
@@ -85,8 +85,8 @@ class Rule:
         if timeline == CLIENT:
             where = (f"on the client's arrivals (no tick stamps; another stream's first arrival up to "
                      f"{self.tolerance_ms:g} ms after the wait counts, and one more round is allowed for reordering"
-                     + (f"; plus R per {self.pace_ms:.1f} ms of the wait's limit, the fastest stream's pace alone"
-                        if self.pace_ms else "") + ")")
+                     + (f"; plus one token per {self.pace_ms:.2f} ms of the wait's limit, the fastest stream's "
+                        f"pace alone" if self.pace_ms else "") + ")")
         plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
         return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
                 f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
@@ -116,12 +116,10 @@ class Wait:
 
 
 def pace_ms(streams: Sequence[Stream]) -> float | None:
-    """The shortest median interval between one stream's arrivals (solo runs give each kind's own pace)."""
-    paces = []
-    for s in streams:
-        distinct = np.unique(np.asarray(s.arrivals_ns, dtype=np.int64))
-        if distinct.size > 2:
-            paces.append(float(np.median(np.diff(distinct))) / 1e6)
+    """The fastest stream's mean ms per token from its first token to its last (solo runs give each
+    kind's own pace; a mean, since servers such as vLLM deliver events in bunches)."""
+    paces = [(s.arrivals_ns[-1] - s.arrivals_ns[0]) / 1e6 / (len(s.arrivals_ns) - 1) for s in streams
+             if len(s.arrivals_ns) > 2 and s.arrivals_ns[-1] > s.arrivals_ns[0]]
     return min(paces, default=None)
 
 
@@ -183,13 +181,13 @@ class Summary:
     worst_hol: dict | None = None
     worst_noise: dict | None = None
     max_evidence: int = 0
-    limits: list = field(default_factory=list)
+    hol_waits: list = field(default_factory=list)   # the first few, for the report
 
     def to_json(self) -> dict:
         return {"timeline": self.timeline, "rule": self.rule, "waits": self.num_waits, "over_limit": self.num_over,
                 "noise": self.num_noise, "hol": self.num_hol, "worst_ms": self.worst_ms,
                 "worst_over_limit": self.worst_ratio, "worst_hol": self.worst_hol, "worst_noise": self.worst_noise,
-                "max_evidence_tokens": self.max_evidence}
+                "max_evidence_tokens": self.max_evidence, "hol_waits": self.hol_waits}
 
 
 def summarize(waits: list[Wait], line: str, rule: Rule) -> Summary:
@@ -201,7 +199,7 @@ def summarize(waits: list[Wait], line: str, rule: Rule) -> Summary:
     return Summary(line, rule.describe(line), len(waits), len(over), len(noise), len(hol),
                    None if worst is None else round(worst.ms, 3),
                    None if worst is None else round(worst.ms / worst.limit_ms, 4), pick(hol), pick(noise),
-                   max((w.evidence for w in waits), default=0))
+                   max((w.evidence for w in waits), default=0), [w.to_json() for w in hol[:10]])
 
 
 def charged_percentile(waits: list[Wait], q: float) -> float | None:

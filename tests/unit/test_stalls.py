@@ -129,8 +129,10 @@ def test_on_client_arrivals_a_fast_stream_may_keep_its_pace_for_the_wait_limit()
     c, f = stream("classic", classic), stream("fast", fast)
     paced = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([stream("alone", [3.0 * i for i in range(9)])]))
     assert paced.pace_ms == 3.0
-    assert judge([stalls.Wait(c, 1, 60.0)], [c, f], paced)[1] == [("hol", 50)]  # 50 > 1 + 1 + 1 + 20
+    assert judge([stalls.Wait(c, 1, 60.0)], [c, f], paced)[1] == [("hol", 50)]  # 50 > 1 + 1 + 1 + 60 / 3
     serialized = [stalls.Wait(c, 1, 60.0)]
     short = stream("fast", [2.0 + 3.0 * i for i in range(18)])
     assert judge(serialized, [c, short], paced)[1] == [("noise", 18)]
-    assert "plus R per 3.0 ms" in paced.describe(stalls.CLIENT)
+    assert "plus one token per 3.00 ms" in paced.describe(stalls.CLIENT)
+    bunched = stream("alone", [0.0, 0.01, 0.02, 9.0, 9.01, 9.02, 18.0])  # events read in bunches: the mean counts
+    assert stalls.pace_ms([bunched]) == 3.0
