@@ -10,7 +10,10 @@ Not a test (real time, machine-dependent numbers): it prints a table and writes 
 4. what HTTP/SSE adds to each token at 1, 16 and 64 streams: the server stamps every event with its
    engine tick end and the moment its SSE layer wrote it (`return_tick_times`), the client notes the
    arrival (all on CLOCK_MONOTONIC): tick end -> written, written -> read, and a gap's client length
-   minus its engine length (--only-added runs this part alone).
+   minus its engine length (--only-added runs this part alone);
+5. (--engine-alone [--busy N]) the engine with no HTTP at all, in this process, concurrency2's shape
+   (a 500-token classic row, a 64-token speculative request every 800 ms): its classic gaps, to
+   tell the engine's own noise under CPU load from what a server adds.
 The client is one asyncio loop on raw sockets so it stays cheaper than the servers it measures.
 """
 
@@ -107,6 +110,34 @@ def server_added(streams=(1, 16, 64), max_tokens: int = 200, decode_ms: float = 
                                    "written_to_read": stat(wire), "tick_end_to_read": stat(added),
                                    "gap_client_minus_engine": stat(extra), "load_average": os.getloadavg()[0]}
     return out
+
+
+def engine_alone(busy: int = 0) -> dict:
+    import subprocess
+
+    from coopsched.clock import RealClock
+    from coopsched.core import Request, Scheduler, SchedulerConfig
+    from coopsched.engine import Engine
+    from mocks import CostModel, MockBackend
+
+    clock = RealClock()
+    times: dict[str, list[float]] = {}
+    engine = Engine(Scheduler(SchedulerConfig(max_batch_size=8, num_kv_slots=32)),
+                    MockBackend(clock, CostModel.simple(5.0, 30.0, 0.2, 4)), clock,
+                    on_event=lambda e: times.setdefault(e.seq_id, []).extend([e.time_ms] * len(e.token_ids)))
+    requests = [Request("classic", tuple(b"The classic row."), max_tokens=500, speculative=False)]
+    requests += [Request(f"s{i}", tuple(b"Speculate, then verify."), max_tokens=64, arrival_ms=40 + 800 * i)
+                 for i in range(20)]
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    try:
+        engine.run(requests)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    gaps = np.diff(times["classic"])
+    return {"busy_loops": busy, "gaps": int(gaps.size), "p50_ms": float(np.percentile(gaps, 50)),
+            "p99_ms": float(np.percentile(gaps, 99)), "max_ms": float(gaps.max()), "load_average": os.getloadavg()[0]}
 
 
 def print_added(added: dict) -> None:
@@ -227,7 +258,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("reports/server-measure.json"))
     parser.add_argument("--skip-mlx", action="store_true")
     parser.add_argument("--only-added", action="store_true", help="only part 4 (what HTTP/SSE adds)")
+    parser.add_argument("--engine-alone", action="store_true", help="only part 5 (the engine without HTTP)")
+    parser.add_argument("--busy", type=int, default=0, help="part 5: busy loops beside the engine")
     args = parser.parse_args()
+    if args.engine_alone:
+        print(json.dumps(engine_alone(args.busy)))
+        return 0
     if args.only_added:
         added = server_added()
         print_added(added)

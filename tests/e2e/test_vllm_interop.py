@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,12 +67,14 @@ def vllm(request, model_dir):
                "--dtype", "float32", "--max-model-len", "1024", "--gpu-memory-utilization", "0.15",
                "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats", *CONFIGS[request.param]]
     # its own process group: vLLM forks an engine core and a worker that must not outlive the test
+    began = time.monotonic()
     with spawn_server(command=command, port=port, env=clean_env(**VLLM_ENV), timeout_s=STARTUP_S,
                       own_group=True) as served:
+        record(request.param, "startup_s", round(time.monotonic() - began, 1))
         yield request.param, served.url
 
 
-def record(config: str, tool: str, runs: list[dict]) -> None:
+def record(config: str, tool: str, runs) -> None:
     """Keep what each tool measured (the README table is written from this file)."""
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     data.setdefault(config, {})[tool] = runs
