@@ -37,6 +37,11 @@ class RealClock:
     def now(self) -> float:
         return (time.perf_counter_ns() - self._origin_ns) / 1e6
 
+    def to_ns(self, ms: float) -> int:
+        """A reading of this clock as perf_counter_ns (CLOCK_MONOTONIC on Linux: comparable across
+        processes, so a client can subtract it from its own arrival times)."""
+        return self._origin_ns + round(ms * 1e6)
+
     def sleep(self, ms: float) -> None:
         """Sleep precisely without holding the GIL: a spinning worker thread starves the
         server's event loop (every GIL hand-off can wait a whole switch interval)."""

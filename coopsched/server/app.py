@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Path, Request
@@ -163,6 +164,8 @@ async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelo
     with_ids = params.return_token_ids
     usage_field = {"usage": None} if params.include_usage else {}
     num_tokens, needs_role, is_done = 0, envelope.is_chat, False
+    # the engine's tick end on the client's clock: what the HTTP/SSE layer adds is arrival - tick end
+    with_ticks, tick_end_ns = params.return_tick_times, lambda d: host.clock.to_ns(d.time_ms)
     try:
         while not is_done:
             delivery: Delivery = await live.queue.get()
@@ -182,6 +185,9 @@ async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelo
                 choice = envelope.token_choice(delta + (tail if is_last else ""), [token] if with_ids else None,
                                                reason if is_last else None)
                 extra = _extension(delivery) if is_last else {}
+                if with_ticks:
+                    stamps = {"tick_end_ns": tick_end_ns(delivery), "sent_ns": time.perf_counter_ns()}
+                    extra = {"coopsched": {**extra.get("coopsched", {}), **stamps}}
                 events.append(protocol.sse(envelope.chunk(choice, **usage_field, **extra)))
             num_tokens += len(delivery.token_ids)
             if reason is not None:

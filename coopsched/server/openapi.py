@@ -34,6 +34,8 @@ def _common(max_tokens_name: str, context_tokens: int, model_names: list[str]) -
         "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
         "speculative": {"type": "boolean", "description": "extension: false opts out of speculation"},
         "return_token_ids": {"type": "boolean", "description": "extension: token ids in each choice"},
+        "return_tick_times": {"type": "boolean",
+                              "description": "extension: each streamed event carries coopsched.tick_end_ns"},
         "min_tokens": {"type": "integer", "minimum": 0,
                        "description": "vLLM's extension: EOS is not sampled before this many tokens "
                                       "(at most max_tokens)"},

@@ -55,6 +55,7 @@ class CompletionParams:
     include_usage: bool = False
     speculative: bool = True
     return_token_ids: bool = False
+    return_tick_times: bool = False
     model: str | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
@@ -207,7 +208,8 @@ def parse_request(body: dict, *, is_chat: bool, encode: Callable[[str], list[int
         temperature=float(temperature), stop=_parse_stop(body),
         seed=_opt(body, "seed", int, "an integer"), stream=stream, include_usage=include_usage,
         speculative=_opt(body, "speculative", bool, "a boolean", True),
-        return_token_ids=_opt(body, "return_token_ids", bool, "a boolean", False), model=model,
+        return_token_ids=_opt(body, "return_token_ids", bool, "a boolean", False),
+        return_tick_times=_opt(body, "return_tick_times", bool, "a boolean", False), model=model,
         min_tokens=min_tokens, ignore_eos=_opt(body, "ignore_eos", bool, "a boolean", False))
 
 

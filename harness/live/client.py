@@ -75,9 +75,17 @@ def scrape_metrics(base: str) -> dict[str, float]:
     return out
 
 
+def is_healthy(base: str) -> bool:
+    """/health answers 200 (vLLM's has an empty body, so JSON is not required)."""
+    try:
+        return request(base, "GET", "/health", timeout_s=2)[0] == 200
+    except OSError:
+        return False
+
+
 def wait_healthy(base: str, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout_s
-    while get_json(base, "/health", timeout_s=2) is None:
+    while not is_healthy(base):
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the server exited ({proc.returncode}) before {base}/health answered")
         if time.monotonic() > deadline:
@@ -98,6 +106,7 @@ class Served:
     proc: subprocess.Popen
     log_path: Path
     returncode: int | None = None
+    own_group: bool = False
     _final_log: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -111,16 +120,28 @@ class Served:
         return scrape_metrics(self.url)
 
     def stop(self, timeout_s: float = 15.0) -> int:
-        """SIGTERM, then SIGKILL after timeout_s; the exit code."""
+        """SIGTERM, then SIGKILL after timeout_s; the exit code. A server in its own process group
+        (`own_group`) is stopped with its whole group, so workers it forked do not outlive it."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal(signal.SIGKILL)
                 self.proc.wait()
+        if self.own_group:
+            self._signal(signal.SIGKILL)  # whatever of its group is left
         self.returncode = self.proc.returncode
         return self.returncode
+
+    def _signal(self, sig: int) -> None:
+        try:
+            if self.own_group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
 
 
 def serve_command(args: Sequence[str]) -> list[str]:
@@ -130,13 +151,15 @@ def serve_command(args: Sequence[str]) -> list[str]:
 
 @contextmanager
 def spawn_server(args: Sequence[str] = (), *, command: Sequence[str] | None = None, port: int | None = None,
-                 env: dict | None = None, log_path: Path | None = None, timeout_s: float = 60.0):
+                 env: dict | None = None, log_path: Path | None = None, timeout_s: float = 60.0,
+                 own_group: bool = False):
     """A server for the `with` block: `coopsched serve --port 0 ARGS`, or `command`.
 
     The URL is read from the server's "listening on http://..." stderr line, or, for a
     command told to listen on `port` (e.g. mlx_lm.server), is that loopback port. Yields
     once /health answers 200; SIGTERM on exit (SIGKILL after 15 s). stderr goes to
     `log_path` (a temporary file by default: its lines stay readable as `served.log`).
+    `own_group` starts it in a new session and stops the whole group (servers that fork workers).
     """
     own_log = log_path is None
     if own_log:
@@ -146,8 +169,8 @@ def spawn_server(args: Sequence[str] = (), *, command: Sequence[str] | None = No
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(list(command) if command else serve_command(args), stdout=subprocess.DEVNULL,
-                                stderr=log, env=env)
-    served = Served("", proc, log_path)
+                                stderr=log, env=env, start_new_session=own_group)
+    served = Served("", proc, log_path, own_group=own_group)
     try:
         try:
             served.url = f"http://{LOOPBACK}:{port}" if port else _listening_url(served, timeout_s)

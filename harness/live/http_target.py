@@ -15,9 +15,9 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from harness.live import client
+from harness.live import client, stalls
 from harness.live.solo import RULE as SOLO_RULE
-from harness.live.solo import solo_limit
+from harness.live.solo import SOLO_RUNS, solo_limit
 from harness.run import metrics
 from harness.run.bounds import REAL_TIME_ALLOWANCE, check
 from harness.run.scenario import RequestSpec, Scenario
@@ -41,6 +41,8 @@ class Streamed:
     server_id: str | None = None
     served_speculatively: bool | None = None
     burst: dict | None = None
+    stream: stalls.Stream | None = None   # raw arrivals and tick ends, for the stall rule
+    max_event_tokens: int = 1
 
     @property
     def ttft_ms(self) -> float | None:
@@ -53,6 +55,40 @@ class Streamed:
     @property
     def is_speculative(self) -> bool:
         return self.spec.speculative if self.served_speculatively is None else self.served_speculatively
+
+
+@dataclass
+class Solo:
+    """One request's runs alone: its figures are the worst of them (harness/live/solo.py)."""
+    runs: list[Streamed]
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return max((r.ttft_ms for r in self.runs if r.ttft_ms is not None), default=None)
+
+    @property
+    def stall_ms(self) -> float | None:
+        return max((r.stall_ms for r in self.runs if r.token_times_ms), default=None)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.runs[0].token_ids
+
+    @property
+    def text(self) -> str:
+        return self.runs[0].text
+
+    @property
+    def num_tokens(self) -> int:
+        return min(len(r.token_times_ms) for r in self.runs)
+
+    @property
+    def max_event_tokens(self) -> int:
+        return max(r.max_event_tokens for r in self.runs)
+
+    @property
+    def streams(self) -> list[stalls.Stream]:
+        return [r.stream for r in self.runs if r.stream is not None]
 
 
 class Target:
@@ -75,6 +111,8 @@ class Target:
         out.token_times_ms = got.token_times_ms(origin_ns)
         out.text = got.text
         out.finish_reason = got.finish_reason
+        out.stream = stalls.Stream.of(out.spec.id, "spec" if out.spec.speculative else "classic", got)
+        out.max_event_tokens = max(got.counts, default=1)
         out.server_id = next((a.event.get("id") for a in got.arrivals if a.event.get("id")), None)
         extension = next((a.event["coopsched"] for a in reversed(got.arrivals) if a.event.get("coopsched")), None)
         if extension:
@@ -86,7 +124,7 @@ def request_body(spec: RequestSpec, seed: int, model: str | None) -> dict:
     prompt = bytes(spec.prompt_tokens(seed)).decode("utf-8", errors="replace")
     body = {"prompt": prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
             "stream": True, "stream_options": {"include_usage": True},
-            "speculative": spec.speculative, "return_token_ids": True}
+            "speculative": spec.speculative, "return_token_ids": True, "return_tick_times": True}
     if spec.temperature > 0:
         body["seed"] = seed
     if spec.stop:
@@ -132,6 +170,11 @@ class CostTerms:
     grant_rounds: int
     backlog_cap: int
     max_batch_size: int
+    block_size: int = 4
+
+    @property
+    def rule(self) -> stalls.Rule:
+        return stalls.Rule(tokens_per_round=self.block_size)
 
     @staticmethod
     def allow(ms: float) -> float:
@@ -145,7 +188,8 @@ def cost_terms(outs: list[Streamed], cost: CostModel, health: dict, seed: int) -
     admission = {i: slice0.get(i, cost.prefill(n)) for i, n in prompt.items()}
     return CostTerms(cost.decode(max(num_classic, 1)),
                      max([cost.round(health.get("block_size", 4), 1), *slice0.values()]), admission,
-                     health.get("grant_rounds", 8), health.get("backlog_cap", 2), health.get("max_batch_size", 8))
+                     health.get("grant_rounds", 8), health.get("backlog_cap", 2), health.get("max_batch_size", 8),
+                     health.get("block_size", 4))
 
 
 def _pending(outs: list[Streamed], start: float, end: float, skip: Streamed) -> list[Streamed]:
@@ -155,11 +199,14 @@ def _pending(outs: list[Streamed], start: float, end: float, skip: Streamed) -> 
             and (not p.token_times_ms or p.token_times_ms[0] > start)]
 
 
+UNBOUNDED = 10**9  # a wait that legitimately holds other rows' whole replies: no run-ahead can be told apart
+
+
 def ttft_check(outs: list[Streamed], terms: CostTerms) -> dict:
     """TTFT <= allowance x (own admission + decode + one spec action, + one admission and one spec action
     per request still pending at arrival, + a waiter's wait for the active grants, + a full batch's wait
-    for its first finish)."""
-    rows = []
+    for its first finish); a TTFT over it is charged only if a stream ran ahead (harness/live/stalls.py)."""
+    waits = []
     for o in outs:
         if o.ttft_ms is None:
             continue
@@ -167,46 +214,61 @@ def ttft_check(outs: list[Streamed], terms: CostTerms) -> dict:
                  if p.sent_ms < o.sent_ms + ORDER_TOLERANCE_MS]
         ms = terms.admission[o.spec.id] + terms.decode + terms.spec_action
         ms += sum(terms.admission[p.spec.id] + terms.spec_action for p in ahead)
+        rounds = len(ahead)
         if o.is_speculative:
             busy = [p for p in outs if p is not o and p.is_speculative
                     and p.sent_ms <= o.sent_ms + ORDER_TOLERANCE_MS
                     and p.token_times_ms and p.token_times_ms[-1] > o.sent_ms]
-            ms += terms.grant_rounds * (terms.spec_action + terms.decode) * min(len(busy), terms.backlog_cap + 1)
+            waited = terms.grant_rounds * min(len(busy), terms.backlog_cap + 1)
+            ms += waited * (terms.spec_action + terms.decode)
+            rounds += waited
         running = [p.token_times_ms[-1] for p in outs if p is not o and not p.is_speculative
                    and p.token_times_ms and p.token_times_ms[0] <= o.sent_ms < p.token_times_ms[-1]]
         bound = terms.allow(ms)
         if len(running) >= terms.max_batch_size:  # a full batch: wait for its first row to finish
             bound += min(running) - o.sent_ms
-        rows.append((o.spec.id, o.ttft_ms, bound))
-    if not rows:
+            rounds = UNBOUNDED
+        waits.append(stalls.Wait(o.stream, 0, bound, rounds=rounds, admissions=len(ahead)))
+    if not waits:
         return check("ttft", None, None, None, note="no request produced a token")
-    worst = max(rows, key=lambda r: r[1] - r[2])
-    return check("ttft", worst[1] <= worst[2], worst[1], worst[2],
-                 note=f"worst: {worst[0]}; TTFT <= 1.5 x (own admission + decode + one spec action + one "
-                      f"admission and spec action per request ahead + a waiter's grant wait) + {SLACK_MS:g} ms; "
-                      + "; ".join(f"{i}: {v:.1f} vs {b:.1f}" for i, v, b in rows))
+    return _charged_check("ttft", waits, outs, terms.rule,
+                          f"TTFT <= 1.5 x (own admission + decode + one spec action + one admission and spec "
+                          f"action per request ahead + a waiter's grant wait) + {SLACK_MS:g} ms; "
+                          + "; ".join(f"{w.stream.id}: {w.ms:.1f} vs {w.limit_ms:.1f}" for w in waits))
 
 
 def classic_gap_check(outs: list[Streamed], terms: CostTerms, per_gap: int) -> dict:
     """Every classic gap <= allowance x (decode + per_gap spec actions, + one admission and one spec
-    action per request pending during the gap)."""
-    worst = None
+    action per request pending during the gap); a gap over it is charged only if a stream ran ahead."""
+    waits = []
     for o in outs:
         if o.is_speculative:
             continue
-        for a, b in metrics.gap_spans(o.token_times_ms):
+        for i, (a, b) in enumerate(metrics.gap_spans(o.token_times_ms), start=1):
             inside = _pending(outs, a, b, o)
             ms = terms.decode + per_gap * terms.spec_action
             ms += sum(terms.admission[p.spec.id] + terms.spec_action for p in inside)
-            bound = terms.allow(ms)
-            if worst is None or (b - a) - bound > worst[0] - worst[1]:
-                worst = (b - a, bound, o.spec.id, len(inside))
-    if worst is None:
+            waits.append(stalls.Wait(o.stream, i, terms.allow(ms), rounds=per_gap - 1 + len(inside),
+                                     admissions=len(inside)))
+    if not waits:
         return check("classic_itl", None, None, None, note="no classic gaps")
-    return check("classic_itl", worst[0] <= worst[1], worst[0], worst[1],
-                 note=f"worst: {worst[2]} ({worst[3]} request(s) pending in that gap); gap <= 1.5 x (decode "
-                      f"{terms.decode:.1f} + {per_gap} x spec action {terms.spec_action:.1f} + one admission and "
-                      f"spec action per pending request) + {SLACK_MS:g} ms")
+    return _charged_check("classic_itl", waits, outs, terms.rule,
+                          f"gap <= 1.5 x (decode {terms.decode:.1f} + {per_gap} x spec action "
+                          f"{terms.spec_action:.1f} + one admission and spec action per pending request) "
+                          f"+ {SLACK_MS:g} ms")
+
+
+def _charged_check(name: str, waits: list[stalls.Wait], outs: list[Streamed], rule: stalls.Rule, limit: str) -> dict:
+    """A time check whose waits over their limit fail it only when the stall rule charges them."""
+    line = stalls.judge(waits, [o.stream for o in outs if o.stream is not None], rule)
+    summary = stalls.summarize(waits, line, rule)
+    worst = max(waits, key=lambda w: w.ms - w.limit_ms)
+    shown = max([w for w in waits if w.verdict == "hol"] or [worst], key=lambda w: w.ms - w.limit_ms)
+    record = check(name, summary.num_hol == 0, shown.ms, shown.limit_ms,
+                   note=f"worst: {shown.stream.id} (token {shown.index}, {shown.evidence} tokens of {shown.by} in it, "
+                        f"allowed {shown.allowance}); {summary.num_over} of {summary.num_waits} over the limit: "
+                        f"{summary.num_hol} head-of-line, {summary.num_noise} noise; {limit}; {summary.rule}")
+    return record | {"stalls": summary.to_json()}
 
 
 def burst_wall_check(outs: list[Streamed], terms: CostTerms) -> dict:
@@ -233,19 +295,26 @@ def cost_checks(outs: list[Streamed], scenario: Scenario, cost: CostModel, healt
     return out
 
 
-def solo_checks(outs: list[Streamed], solo: dict[str, Streamed]) -> list[dict]:
-    """Together vs alone: TTFT and the largest gap within the solo rule (harness/live/solo.py)."""
+def solo_checks(outs: list[Streamed], solo: dict[str, Solo]) -> list[dict]:
+    """Together vs alone: TTFT and every gap within the solo rule (harness/live/solo.py); a wait over it
+    is charged only if a stream ran ahead in it (R: the most tokens one event carried alone)."""
+    rule = stalls.Rule(tokens_per_round=max((s.max_event_tokens for s in solo.values()), default=1),
+                       pace_ms=stalls.pace_ms([st for s in solo.values() for st in s.streams]))
     out = []
-    for name, figure in (("ttft_vs_solo", lambda o: o.ttft_ms), ("stall_vs_solo", lambda o: o.stall_ms)):
-        rows = [(o.spec.id, figure(o), solo_limit(figure(solo[o.spec.id]))) for o in outs
-                if figure(o) is not None and figure(solo[o.spec.id]) is not None]
-        if not rows:
+    for name, index, figure in (("ttft_vs_solo", 0, lambda o: o.ttft_ms), ("stall_vs_solo", 1, lambda o: o.stall_ms)):
+        waits = []
+        for o in outs:
+            alone = figure(solo[o.spec.id])
+            if o.stream is None or figure(o) is None or alone is None or len(o.stream.arrivals_ns) <= index:
+                continue
+            waits += [stalls.Wait(o.stream, 0, solo_limit(alone))] if index == 0 else \
+                stalls.waits_of(o.stream, solo_limit(alone))
+        if not waits:
             out.append(check(name, None, None, None, note="no samples"))
             continue
-        worst = max(rows, key=lambda r: r[1] - r[2])
-        detail = "; ".join(f"{i}: {v:.1f} vs {b:.1f}" for i, v, b in rows)
-        out.append(check(name, worst[1] <= worst[2], worst[1], worst[2],
-                         note=f"worst: {worst[0]}; {SOLO_RULE}; " + detail))
+        detail = "; ".join(f"{o.spec.id}: {figure(o):.1f} vs {solo_limit(figure(solo[o.spec.id])):.1f}" for o in outs
+                           if figure(o) is not None and figure(solo[o.spec.id]) is not None)
+        out.append(_charged_check(name, waits, outs, rule, f"{SOLO_RULE}; {detail}"))
     greedy = [o for o in outs if o.spec.temperature == 0 and not o.error]
     mismatched = [o.spec.id for o in greedy if _tokens(o) != _tokens(solo[o.spec.id])]
     out.append(check("parity_vs_solo", not mismatched, len(mismatched), 0,
@@ -253,7 +322,7 @@ def solo_checks(outs: list[Streamed], solo: dict[str, Streamed]) -> list[dict]:
     return out
 
 
-def _tokens(o: Streamed):
+def _tokens(o: Streamed | Solo):
     return o.token_ids or o.text
 
 
@@ -274,10 +343,11 @@ def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *,
 
     if warm:
         warm_up(target, specs, seed, model)
-    solo: dict[str, Streamed] = {}
+    solo: dict[str, Solo] = {}
     if costs is None:  # learn each request's solo figures first
         for spec in specs:
-            solo[spec.id] = run_together(target, [replace(spec, arrival_ms=0.0)], seed, model)[0]
+            solo[spec.id] = Solo([run_together(target, [replace(spec, arrival_ms=0.0)], seed, model)[0]
+                                  for _ in range(SOLO_RUNS)])
     outs = run_together(target, specs, seed, model)
 
     checks = [completion_check(outs)]
@@ -296,8 +366,17 @@ def _request_json(o: Streamed, seed: int) -> dict:
     return {"id": o.spec.id, "server_id": o.server_id, "speculative": o.is_speculative,
             "prompt_token_ids": list(o.spec.prompt_tokens(seed)), "token_ids": list(o.token_ids),
             "num_tokens": len(times), "token_times_ms": times, "arrival_ms": round(o.sent_ms, 3),
+            "tick_end_ms": _tick_ends_ms(o),
             "finish_reason": o.finish_reason, "error": o.error,
             "metrics": metrics.request_metrics(o.sent_ms, o.token_times_ms)}
+
+
+def _tick_ends_ms(o: Streamed) -> list[float] | None:
+    """Each token's engine tick end on the trace's clock (servers that stamp their events)."""
+    if o.stream is None or o.stream.ticks_ns is None:
+        return None
+    origin = o.stream.sent_ns - round(o.sent_ms * 1e6)
+    return [round((t - origin) / 1e6, 3) for t in o.stream.ticks_ns]
 
 
 def to_trace(scenario, outs, solo, checks, seed, url, health, model) -> dict:
@@ -307,8 +386,8 @@ def to_trace(scenario, outs, solo, checks, seed, url, health, model) -> dict:
              "requests": requests, "checks": checks,
              "throughput": metrics.throughput([{**r, "token_ids": [0] * r["num_tokens"]} for r in requests])}
     if solo:
-        trace["solo"] = {i: {"ttft_ms": s.ttft_ms, "stall_ms": s.stall_ms, "num_tokens": len(s.token_times_ms)}
-                         for i, s in solo.items()}
+        trace["solo"] = {i: {"ttft_ms": s.ttft_ms, "stall_ms": s.stall_ms, "num_tokens": s.num_tokens,
+                             "runs": len(s.runs)} for i, s in solo.items()}
     bursts = [{**o.burst, "seq_id": o.spec.id, "server_seq_id": o.burst.get("seq_id")} for o in outs if o.burst]
     if bursts:  # only a server that reports BurstFinalized records (coopsched serve) has them
         trace["bursts"] = bursts

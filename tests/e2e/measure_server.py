@@ -1,6 +1,6 @@
 """Measure what the server adds, and coopsched serve beside mlx_lm.server on the same tiny models.
 
-    python tests/e2e/measure_server.py [--out reports/server-measure.json] [--skip-mlx]
+    python tests/e2e/measure_server.py [--out reports/server-measure.json] [--skip-mlx] [--only-added]
     python tests/e2e/measure_server.py --only vs-mlx-lm --streams 16 --repeats 5 \
         [--draft] [--coopsched-args="--max-batch-prefill 16"] [--out PATH]
 
@@ -11,6 +11,13 @@ Not a test (real time, machine-dependent numbers): it prints a table and writes 
    without and with a draft model (the latter serializes requests in mlx_lm.server);
    `--only vs-mlx-lm` runs only this, `--repeats` times per server (TTFTs pooled, tokens/s the
    median of the repeats), with extra `coopsched serve` flags (chunked or batched prefill).
+4. what HTTP/SSE adds to each token at 1, 16 and 64 streams: the server stamps every event with its
+   engine tick end and the moment its SSE layer wrote it (`return_tick_times`), the client notes the
+   arrival (all on CLOCK_MONOTONIC): tick end -> written, written -> read, and a gap's client length
+   minus its engine length (--only-added runs this part alone);
+5. (--engine-alone [--busy N]) the engine with no HTTP at all, in this process, concurrency2's shape
+   (a 500-token classic row, a 64-token speculative request every 800 ms): its classic gaps, to
+   tell the engine's own noise under CPU load from what a server adds.
 The client is one asyncio loop on raw sockets so it stays cheaper than the servers it measures.
 """
 
@@ -58,6 +65,93 @@ async def stream_one(host: str, port: int, body: dict, t0_ns: int) -> dict:
     counts = client.token_counts(arrivals)  # a multi-token event is one arrival of n tokens
     times = metrics.token_times([(a.time_ns - t0_ns) / 1e9 for a in arrivals], counts)
     return {"sent": sent, "arrivals": times, "completion_tokens": len(times)}
+
+
+async def stream_stamped(host: str, port: int, body: dict) -> list[tuple[int, int, int]]:
+    """(tick end, written, read) ns of every token of one stream (the server stamps each event)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    payload = json.dumps({**body, "return_tick_times": True, "return_token_ids": True}).encode()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+    await writer.drain()
+    out = []
+    while True:
+        line = await reader.readline()
+        item = client.decode_line(line, time.perf_counter_ns()) if line else client.DONE
+        if item is client.DONE:
+            break
+        if item is not None and item.n_tokens:
+            stamps = item.event["coopsched"]
+            out += [(stamps["tick_end_ns"], stamps["sent_ns"], item.time_ns)] * item.n_tokens
+    writer.close()
+    return out
+
+
+def server_added(streams=(1, 16, 64), max_tokens: int = 200, decode_ms: float = 5.0) -> dict:
+    """Per token: tick end -> SSE write (the server's HTTP layer), write -> client read (socket and
+    client), tick end -> read (all it adds); per gap: client gap - engine gap."""
+    out = {}
+    top = max(streams)
+    with coopsched_serve("--decode-ms", str(decode_ms), "--max-batch-size", str(top), "--num-slots",
+                         str(top)) as server:
+        host, port, _ = client.split_url(server.url)
+
+        async def many(n: int):
+            return await asyncio.gather(*(stream_stamped(host, port, body(i, max_tokens, False)) for i in range(n)))
+
+        asyncio.run(many(1))  # warm-up
+        for n in streams:
+            rows = asyncio.run(many(n))
+            ms = lambda xs: np.asarray(xs, dtype=np.float64) / 1e6
+            layer = ms([w - t for r in rows for t, w, _ in r])
+            wire = ms([a - w for r in rows for _, w, a in r])
+            added = ms([a - t for r in rows for t, _, a in r])
+            extra = ms([(a2 - a1) - (t2 - t1) for r in rows for (t1, _, a1), (t2, _, a2) in itertools.pairwise(r)
+                        if t2 != t1])
+            stat = lambda a: {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+                              "max_ms": float(a.max())}
+            out[f"{n}_streams"] = {"tokens": int(added.size), "tick_end_to_written": stat(layer),
+                                   "written_to_read": stat(wire), "tick_end_to_read": stat(added),
+                                   "gap_client_minus_engine": stat(extra), "load_average": os.getloadavg()[0]}
+    return out
+
+
+def engine_alone(busy: int = 0) -> dict:
+    import subprocess
+
+    from coopsched.clock import RealClock
+    from coopsched.core import Request, Scheduler, SchedulerConfig
+    from coopsched.engine import Engine
+    from mocks import CostModel, MockBackend
+
+    clock = RealClock()
+    times: dict[str, list[float]] = {}
+    engine = Engine(Scheduler(SchedulerConfig(max_batch_size=8, num_kv_slots=32)),
+                    MockBackend(clock, CostModel.simple(5.0, 30.0, 0.2, 4)), clock,
+                    on_event=lambda e: times.setdefault(e.seq_id, []).extend([e.time_ms] * len(e.token_ids)))
+    requests = [Request("classic", tuple(b"The classic row."), max_tokens=500, speculative=False)]
+    requests += [Request(f"s{i}", tuple(b"Speculate, then verify."), max_tokens=64, arrival_ms=40 + 800 * i)
+                 for i in range(20)]
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    try:
+        engine.run(requests)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    gaps = np.diff(times["classic"])
+    return {"busy_loops": busy, "gaps": int(gaps.size), "p50_ms": float(np.percentile(gaps, 50)),
+            "p99_ms": float(np.percentile(gaps, 99)), "max_ms": float(gaps.max()), "load_average": os.getloadavg()[0]}
+
+
+def print_added(added: dict) -> None:
+    print("| streams | tokens | tick end -> SSE write p50 / p99 / max | write -> client read | tick end -> read "
+          "(all the server adds) | gap: client - engine | load |")
+    print("|---|---|---|---|---|---|---|")
+    f = lambda d: f"{d['p50_ms']:.2f} / {d['p99_ms']:.2f} / {d['max_ms']:.2f}"
+    for name, r in added.items():
+        print(f"| {name.split('_')[0]} | {r['tokens']} | {f(r['tick_end_to_written'])} | {f(r['written_to_read'])} | "
+              f"{f(r['tick_end_to_read'])} | {f(r['gap_client_minus_engine'])} | {r['load_average']:.1f} |")
 
 
 async def stream_many(url: str, bodies: list[dict]) -> list[dict]:
@@ -205,6 +299,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128, help="--only vs-mlx-lm: tokens per request")
     parser.add_argument("--gate", action="append", default=[], metavar="MLXCEL_NAME=VALUE",
                         help="--only vs-mlx-lm: a gate for coopsched serve only (repeatable)")
+    parser.add_argument("--only-added", action="store_true", help="only part 4 (what HTTP/SSE adds)")
+    parser.add_argument("--engine-alone", action="store_true", help="only part 5 (the engine without HTTP)")
+    parser.add_argument("--busy", type=int, default=0, help="part 5: busy loops beside the engine")
     args = parser.parse_args()
     if args.only == "vs-mlx-lm":
         from coopsched.backends.model_build import ensure_tiny_models
@@ -217,7 +314,16 @@ def main() -> int:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps(report, indent=1))
         return 0
-    report = {"overhead": overhead(), "sse": sse_throughput()}
+    if args.engine_alone:
+        print(json.dumps(engine_alone(args.busy)))
+        return 0
+    if args.only_added:
+        added = server_added()
+        print_added(added)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"server_added": added}, indent=1) + "\n")
+        return 0
+    report = {"overhead": overhead(), "sse": sse_throughput(), "server_added": server_added()}
     if not args.skip_mlx:
         from coopsched.backends.model_build import ensure_tiny_models
 
@@ -226,6 +332,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
+    print_added(report["server_added"])
     return 0
 
 

@@ -1,8 +1,9 @@
 """`locust -f scenarios/concurrency2.py`: its defaults, its verdicts, and servers that stream several tokens per event.
 
 Locust runs in its own processes (gevent patches the stdlib on import), never
-inside pytest. Real time on a small shared machine: the slice run gets one
-retry to absorb a foreign CPU stall; the burst run misses its bound by >10x.
+inside pytest. Real time on a small shared machine: a foreign CPU stall may push a
+slice-mode gap over its limit, which the stall rule (harness/live/stalls.py) calls
+noise; the burst run misses its bound by >10x with a whole reply inside the gap.
 """
 
 from __future__ import annotations
@@ -49,12 +50,9 @@ def run_locust(tmp_path: Path, *args: str, env: dict | None = None, timeout_s: f
 
 def test_bare_headless_run_stops_by_itself_and_passes_in_slice_mode(tmp_path):
     """No -u, -r, -t, --host: one user of each kind for 20 s on its own mock server, then it stops."""
-    for _attempt in range(2):
-        began = time.monotonic()
-        code, report, output = run_locust(tmp_path, "--headless")
-        wall_s = time.monotonic() - began
-        if code == 0:
-            break
+    began = time.monotonic()
+    code, report, output = run_locust(tmp_path, "--headless")
+    wall_s = time.monotonic() - began
     assert code == 0, output[-3000:]
     assert report["ok"] and report["verdict"] == "pass" and report["mode"] == "slice" and report["failures"] == 0
     assert report["users"] == 2 and report["run_time_s"] == 20 and 19 <= report["duration_s"] <= 25
@@ -62,8 +60,12 @@ def test_bare_headless_run_stops_by_itself_and_passes_in_slice_mode(tmp_path):
     assert report["requests"]["classic"] > 0 and report["requests"]["spec"] > 0
     assert report["samples"]["classic"] > 100 and report["samples"]["spec"] > 100
     assert report["bound_ms"] == 35.0 and report["calibration"] == "costs"  # decode 5 + round 30, from /health
-    assert report["classic_itl_p99_ms"] <= report["p99_limit_ms"]
-    assert report["classic_itl_max_ms"] <= report["gap_limit_ms"]
+    # a gap over a limit is noise (counted at the limit): no stream got more than one round in it
+    assert report["classic_itl_p99_charged_ms"] <= report["p99_limit_ms"]
+    assert report["classic_itl_max_charged_ms"] <= report["gap_limit_ms"]
+    every_gap = report["stalls"]["every_gap"]
+    assert every_gap["timeline"] == "server tick ends" and every_gap["hol"] == 0
+    assert every_gap["max_evidence_tokens"] <= 5  # one round of K = 4, or slice 0 + a round
     # the optional per-request list: every finished request with its token times (for `coopsched judge`)
     finished = [r for r in report["per_request"] if not r["cut_by_stop"]]
     assert {r["kind"] for r in finished} == {"classic", "spec"}
@@ -89,6 +91,8 @@ def test_burst_mode_exits_non_zero(tmp_path):
     assert code == 1, output[-3000:]
     assert report["mode"] == "burst" and report["ok"] is False and report["failures"] == 0
     assert report["classic_itl_max_ms"] > 5 * report["gap_limit_ms"]  # the whole burst, not a round
+    worst = report["stalls"]["every_gap"]["worst_hol"]  # ... with the whole speculative reply inside the gap
+    assert worst["evidence_tokens"] >= 60 > 5 * worst["allowance_tokens"]
 
 
 def test_a_kind_without_samples_is_neither_pass_nor_fail(tmp_path):

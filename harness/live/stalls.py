@@ -1,0 +1,207 @@
+"""Whose fault is a long wait: speculation running ahead, or the machine? One rule for locust and --target.
+
+A wait (a classic gap, a TTFT) over its time limit is charged to a head-of-line block iff,
+during it, a stream received more tokens than the scheduler may give one in one wait:
+A = rounds x R + admissions (R: the most tokens one round streams, K on coopsched serve).
+The waiting stream counts too (its tokens up to the one that ends the wait): a reply held
+back and sent in one lump ran ahead of its own reader. A burst streams its whole request
+there (~64 tokens); slice mode's strict alternation streams one round (<= K, +1 for a
+slice 0), however long the machine makes the wait.
+A stall of the machine (CPU, GIL, the client) freezes every stream alike: no extra
+tokens, so the wait is noise and counts at its limit. Evidence is read on the server's
+timeline when every event is stamped with its tick end (`coopsched.tick_end_ns`,
+coopsched serve's `return_tick_times`), else on the client's arrivals, where another
+stream's lump may be read just after the wait (its first arrival within `tolerance_ms`
+counts) and one more round is allowed for that reordering.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.live import client
+from harness.run import metrics
+
+TOLERANCE_MS = 10.0  # client timeline: a lump sent before the wait ended may be read just after it
+SERVER, CLIENT = "server tick ends", "client arrivals"
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One request's tokens: when each arrived and (if the server says) its tick end, perf_counter ns."""
+    id: str
+    kind: str
+    sent_ns: int
+    arrivals_ns: tuple[int, ...]
+    ticks_ns: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, id: str, kind: str, got: client.Collected) -> Stream:
+        counts = got.counts
+        arrivals = metrics.token_times([a.time_ns for a in got.arrivals], counts)
+        stamps = [(a.event.get("coopsched") or {}).get("tick_end_ns") for a in got.arrivals]
+        ticks = None
+        if all(isinstance(s, int) for s, n in zip(stamps, counts) if n):  # (an empty stream has nothing to stamp)
+            ticks = tuple(metrics.token_times([s for s, n in zip(stamps, counts) if n], [n for n in counts if n]))
+        return cls(id, kind, got.sent_ns, tuple(arrivals), ticks)
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "kind": self.kind, "sent_ns": self.sent_ns, "arrivals_ns": list(self.arrivals_ns),
+                "ticks_ns": None if self.ticks_ns is None else list(self.ticks_ns)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Stream:
+        ticks = d.get("ticks_ns")
+        return cls(d["id"], d["kind"], d["sent_ns"], tuple(d["arrivals_ns"]), None if ticks is None else tuple(ticks))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How many tokens of one stream a wait may hold before it is charged to a head-of-line block."""
+    tokens_per_round: int          # R
+    rounds: int = 1                # rounds of other work a wait may hold (the bound's spec actions)
+    admissions: int = 1            # first tokens (slice 0, a prefill) a wait may hold
+    tolerance_ms: float = TOLERANCE_MS
+    pace_ms: float | None = None   # client timeline: the fastest stream's ms per token alone
+
+    def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0) -> int:
+        """A; `rounds` and `admissions` add a wait's own extra (requests pending in it). On client
+        arrivals another stream may also stream at its own pace for as long as the wait's limit: the
+        client cannot tell a frozen reader (its events buffered, read at once) from a server ahead."""
+        extra = 0
+        if timeline == CLIENT:
+            extra = self.tokens_per_round  # a round read out of order
+            if self.pace_ms:
+                extra += math.ceil(limit_ms / self.pace_ms)
+        return (self.rounds + rounds) * self.tokens_per_round + self.admissions + admissions + extra
+
+    def describe(self, timeline: str) -> str:
+        a = self.allowance(timeline)
+        where = "on the server's tick timeline (each event carries its tick end)"
+        if timeline == CLIENT:
+            where = (f"on the client's arrivals (no tick stamps; another stream's first arrival up to "
+                     f"{self.tolerance_ms:g} ms after the wait counts, and one more round is allowed for reordering"
+                     + (f"; plus one token per {self.pace_ms:.2f} ms of the wait's limit, the fastest stream's "
+                        f"pace alone" if self.pace_ms else "") + ")")
+        plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
+        return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
+                f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
+                f"{' (+ pace)' if timeline == CLIENT and self.pace_ms else ''} tokens during it, {where}; "
+                f"otherwise it is noise (every stream waited alike) and counts at its limit")
+
+
+@dataclass
+class Wait:
+    """One wait of one stream: token `index` - 1 -> `index` (index 0: sent -> first token)."""
+    stream: Stream
+    index: int
+    limit_ms: float
+    rounds: int = 0              # extra rounds and admissions this wait may hold (pending requests)
+    admissions: int = 0
+    ms: float = 0.0
+    evidence: int = 0            # the most tokens one stream (this one included) received during it
+    by: str | None = None        # that stream's id
+    allowance: int = 0
+    charged_ms: float = 0.0      # ms, or the limit when it is over the limit but noise
+    verdict: str = "ok"          # ok | noise | hol
+
+    def to_json(self) -> dict:
+        return {"stream": self.stream.id, "kind": self.stream.kind, "token": self.index, "ms": round(self.ms, 3),
+                "limit_ms": round(self.limit_ms, 3), "evidence_tokens": self.evidence, "by": self.by,
+                "allowance_tokens": self.allowance, "verdict": self.verdict}
+
+
+def pace_ms(streams: Sequence[Stream]) -> float | None:
+    """The fastest stream's mean ms per token from its first token to its last (solo runs give each
+    kind's own pace; a mean, since servers such as vLLM deliver events in bunches)."""
+    paces = [(s.arrivals_ns[-1] - s.arrivals_ns[0]) / 1e6 / (len(s.arrivals_ns) - 1) for s in streams
+             if len(s.arrivals_ns) > 2 and s.arrivals_ns[-1] > s.arrivals_ns[0]]
+    return min(paces, default=None)
+
+
+def timeline(streams: Sequence[Stream]) -> str:
+    return SERVER if streams and all(s.ticks_ns is not None for s in streams) else CLIENT
+
+
+def waits_of(stream: Stream, gap_limit_ms: float, ttft_limit_ms: float | None = None) -> list[Wait]:
+    """Every gap of a stream with one limit (and its TTFT, when given a limit for it)."""
+    out = [Wait(stream, 0, ttft_limit_ms)] if ttft_limit_ms is not None and stream.arrivals_ns else []
+    out += [Wait(stream, i, gap_limit_ms) for i in range(1, len(stream.arrivals_ns))]
+    return out
+
+
+def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
+    """Fill in each wait's length, evidence and verdict; returns the timeline the evidence was read on."""
+    line = timeline(streams)
+    tol_ns = 0 if line == SERVER else int(rule.tolerance_ms * 1e6)
+    times = {s.id: np.asarray(s.ticks_ns if line == SERVER else s.arrivals_ns, dtype=np.int64) for s in streams}
+    for w in waits:
+        s = w.stream
+        own = s.ticks_ns if line == SERVER else s.arrivals_ns
+        end = own[w.index]
+        start = s.sent_ns if w.index == 0 else own[w.index - 1]
+        client_start = s.sent_ns if w.index == 0 else s.arrivals_ns[w.index - 1]
+        w.ms = (s.arrivals_ns[w.index] - client_start) / 1e6
+        w.evidence, w.by = 0, None
+        for other in streams:  # itself too: a reply held back and sent in one lump ran ahead of its reader
+            t = times[other.id]
+            if not len(t):
+                continue
+            k = int(np.searchsorted(t, end, "right"))
+            n = k - int(np.searchsorted(t, start, "right"))
+            if other is not s and k < len(t) and t[k] <= end + tol_ns:  # one lump read just after the wait
+                n += int(np.searchsorted(t, t[k], "right")) - k
+            if n > w.evidence:
+                w.evidence, w.by = n, other.id
+        w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)
+        if w.ms <= w.limit_ms:
+            w.verdict, w.charged_ms = "ok", w.ms
+        elif w.evidence > w.allowance:
+            w.verdict, w.charged_ms = "hol", w.ms
+        else:
+            w.verdict, w.charged_ms = "noise", w.limit_ms
+    return line
+
+
+@dataclass
+class Summary:
+    """What the waits of one check add up to, for the report and the printed rule."""
+    timeline: str
+    rule: str
+    num_waits: int
+    num_over: int
+    num_noise: int
+    num_hol: int
+    worst_ms: float | None           # the longest wait (raw)
+    worst_ratio: float | None        # the longest wait / its limit (the margin; > 1 is over)
+    worst_hol: dict | None = None
+    worst_noise: dict | None = None
+    max_evidence: int = 0
+    hol_waits: list = field(default_factory=list)   # the first few, for the report
+
+    def to_json(self) -> dict:
+        return {"timeline": self.timeline, "rule": self.rule, "waits": self.num_waits, "over_limit": self.num_over,
+                "noise": self.num_noise, "hol": self.num_hol, "worst_ms": self.worst_ms,
+                "worst_over_limit": self.worst_ratio, "worst_hol": self.worst_hol, "worst_noise": self.worst_noise,
+                "max_evidence_tokens": self.max_evidence, "hol_waits": self.hol_waits}
+
+
+def summarize(waits: list[Wait], line: str, rule: Rule) -> Summary:
+    over = [w for w in waits if w.verdict != "ok"]
+    hol = [w for w in over if w.verdict == "hol"]
+    noise = [w for w in over if w.verdict == "noise"]
+    worst = max(waits, key=lambda w: w.ms / w.limit_ms, default=None)
+    pick = lambda ws: max(ws, key=lambda w: w.ms / w.limit_ms).to_json() if ws else None
+    return Summary(line, rule.describe(line), len(waits), len(over), len(noise), len(hol),
+                   None if worst is None else round(worst.ms, 3),
+                   None if worst is None else round(worst.ms / worst.limit_ms, 4), pick(hol), pick(noise),
+                   max((w.evidence for w in waits), default=0), [w.to_json() for w in hol[:10]])
+
+
+def charged_percentile(waits: list[Wait], q: float) -> float | None:
+    """The q-th percentile of the charged waits (noise counted at its limit)."""
+    return float(np.percentile([w.charged_ms for w in waits], q)) if waits else None

@@ -1,0 +1,138 @@
+"""The stall rule (harness/live/stalls.py): a wait over its limit is charged only when a stream ran ahead in it.
+
+Timelines are written in ms and turned into the ns the live clients record. A slice-mode
+schedule alternates one classic token with one round of K = 4 tokens; a frozen machine
+stretches a gap without adding any token; a burst puts a whole reply inside one gap.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.live import stalls
+
+MS = 1_000_000
+RULE = stalls.Rule(tokens_per_round=4)
+
+
+def stream(id, times_ms, ticks_ms=None, kind="classic", sent_ms=0.0):
+    ns = lambda ts: tuple(round(t * MS) for t in ts)
+    return stalls.Stream(id, kind, round(sent_ms * MS), ns(times_ms), None if ticks_ms is None else ns(ticks_ms))
+
+
+def judge(waits, streams, rule=RULE):
+    line = stalls.judge(waits, streams, rule)
+    return line, [(w.verdict, w.evidence) for w in waits]
+
+
+def slice_schedule(n=6, freeze_after=None, freeze_ms=0.0):
+    """Classic token every 35 ms, a round of 4 spec tokens 30 ms into each gap; a freeze shifts everything."""
+    classic, spec = [], []
+    shift = 0.0
+    for i in range(n):
+        if freeze_after is not None and i == freeze_after + 1:
+            shift += freeze_ms
+        classic.append(35.0 * i + shift)
+        if i:
+            spec += [35.0 * i - 5 + shift] * 4
+    return classic, spec
+
+
+@pytest.mark.parametrize("timed", [True, False], ids=["server-ticks", "client-arrivals"])
+def test_a_frozen_machine_is_noise_and_counts_at_the_limit(timed):
+    classic, spec = slice_schedule(freeze_after=2, freeze_ms=60.0)
+    c = stream("classic", classic, classic if timed else None)
+    s = stream("spec", spec, spec if timed else None, kind="spec")
+    waits = stalls.waits_of(c, 69.4)
+    line, verdicts = judge(waits, [c, s])
+    assert line == (stalls.SERVER if timed else stalls.CLIENT)
+    assert verdicts[2] == ("noise", 4)  # 95 ms, one round inside
+    assert all(v == "ok" for i, (v, _) in enumerate(verdicts) if i != 2)
+    assert waits[2].charged_ms == 69.4 and stalls.summarize(waits, line, RULE).num_hol == 0
+
+
+def test_a_burst_inside_a_gap_is_a_head_of_line_block():
+    classic = [0.0, 5.0, 805.0, 810.0]
+    spec = [800.0] * 64  # the whole reply in one tick, streamed in one lump
+    c, s = stream("classic", classic, classic), stream("spec", spec, spec, kind="spec")
+    waits = stalls.waits_of(c, 69.4)
+    _, verdicts = judge(waits, [c, s])
+    assert verdicts == [("ok", 1), ("hol", 64), ("ok", 1)]  # a classic gap holds its own token
+    assert waits[1].by == "spec" and waits[1].allowance == 5
+
+
+def test_a_lump_read_just_after_the_gap_still_counts_on_client_arrivals():
+    """The client read the classic token first although the server sent the lump 5 ms earlier."""
+    classic = [0.0, 5.0, 805.0, 810.0]
+    spec = [807.0] * 64
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec")
+    _, verdicts = judge(stalls.waits_of(c, 69.4), [c, s])
+    assert verdicts[1] == ("hol", 64)
+
+
+def test_only_one_arrival_after_the_gap_counts_so_a_fast_stream_resuming_is_not_blamed():
+    classic = [0.0, 100.0]
+    fast = [101.0 + i for i in range(9)]  # the other stream resumes at 1 token/ms after the same freeze
+    c, f = stream("classic", classic), stream("fast", fast)
+    _, verdicts = judge(stalls.waits_of(c, 50.0), [c, f], stalls.Rule(tokens_per_round=1))
+    assert verdicts == [("noise", 1)]
+
+
+def test_a_reply_held_back_and_sent_in_one_lump_is_charged_to_its_own_ttft():
+    spec = [1200.0] * 96
+    s = stream("spec", spec, spec, kind="spec")
+    c = stream("classic", [0.0, 5.0, 1205.0], [0.0, 5.0, 1205.0])
+    waits = [stalls.Wait(s, 0, 72.0)]
+    _, verdicts = judge(waits, [c, s])
+    assert verdicts == [("hol", 96)] and waits[0].by == "spec"
+
+
+def test_a_serializing_server_is_charged_for_the_ttft_it_makes_wait():
+    classic = [10.0 + 5 * i for i in range(128)]
+    spec_times = [classic[-1] + 5 + 30 * i for i in range(10)]
+    c, s = stream("classic", classic), stream("spec", spec_times, kind="spec", sent_ms=40.0)
+    _, verdicts = judge([stalls.Wait(s, 0, 100.0)], [c, s], stalls.Rule(tokens_per_round=1))
+    assert verdicts[0][0] == "hol" and verdicts[0][1] > 100
+
+
+def test_pending_requests_widen_the_allowance():
+    classic = [0.0, 300.0]
+    spec = [100.0] * 4 + [200.0] * 4 + [290.0] * 4  # three rounds of one request in one gap
+    c, s = stream("classic", classic, classic), stream("spec", spec, spec, kind="spec")
+    assert judge([stalls.Wait(c, 1, 69.4)], [c, s])[1] == [("hol", 12)]
+    assert judge([stalls.Wait(c, 1, 69.4, rounds=2)], [c, s])[1] == [("noise", 12)]
+
+
+def test_charged_percentile_and_the_printed_rule():
+    classic, spec = slice_schedule(n=200, freeze_after=50, freeze_ms=200.0)
+    c, s = stream("classic", classic, classic), stream("spec", spec, spec, kind="spec")
+    waits = stalls.waits_of(c, 57.5)
+    line = stalls.judge(waits, [c, s], RULE)
+    assert stalls.charged_percentile(waits, 100) == 57.5
+    text = RULE.describe(line)
+    assert "A = 1 x R 4 + 1 = 5 tokens" in text and "tick timeline" in text
+    assert "4 + 1 + 4 = 9 tokens" in RULE.describe(stalls.CLIENT)
+
+
+def test_streams_survive_the_trip_to_a_locust_master():
+    s = stream("spec", [1.0, 1.0, 2.0], [0.5, 0.5, 1.5], kind="spec", sent_ms=0.2)
+    assert stalls.Stream.from_json(s.to_json()) == s
+    t = stream("classic", [1.0])
+    assert stalls.Stream.from_json(t.to_json()) == t
+
+
+def test_on_client_arrivals_a_fast_stream_may_keep_its_pace_for_the_wait_limit():
+    """A frozen reader reads the other stream's buffered events at once; up to the wait's limit at that
+    stream's own pace is not a block, a whole serialized reply is."""
+    classic = [0.0, 150.0]
+    fast = [2.0 + 3.0 * i for i in range(20)] + [150.0] * 30  # 3 ms per token, then 30 buffered events
+    c, f = stream("classic", classic), stream("fast", fast)
+    paced = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([stream("alone", [3.0 * i for i in range(9)])]))
+    assert paced.pace_ms == 3.0
+    assert judge([stalls.Wait(c, 1, 60.0)], [c, f], paced)[1] == [("hol", 50)]  # 50 > 1 + 1 + 1 + 60 / 3
+    serialized = [stalls.Wait(c, 1, 60.0)]
+    short = stream("fast", [2.0 + 3.0 * i for i in range(18)])
+    assert judge(serialized, [c, short], paced)[1] == [("noise", 18)]
+    assert "plus one token per 3.00 ms" in paced.describe(stalls.CLIENT)
+    bunched = stream("alone", [0.0, 0.01, 0.02, 9.0, 9.01, 9.02, 18.0])  # events read in bunches: the mean counts
+    assert stalls.pace_ms([bunched]) == 3.0
