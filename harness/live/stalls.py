@@ -1,18 +1,9 @@
-"""Whose fault is a long wait: speculation running ahead, or the machine? One rule for locust and --target.
+"""Whose fault is a long wait: a stream running ahead, or the machine? One rule for locust and --target.
 
-A wait (a classic gap, a TTFT) over its time limit is charged to a head-of-line block iff,
-during it, a stream received more tokens than the scheduler may give one in one wait:
-A = rounds x R + admissions (R: the most tokens one round streams, K on coopsched serve).
-The waiting stream counts too (its tokens up to the one that ends the wait): a reply held
-back and sent in one lump ran ahead of its own reader. A burst streams its whole request
-there (~64 tokens); slice mode's strict alternation streams one round (<= K, +1 for a
-slice 0), however long the machine makes the wait.
-A stall of the machine (CPU, GIL, the client) freezes every stream alike: no extra
-tokens, so the wait is noise and counts at its limit. Evidence is read on the server's
-timeline when every event is stamped with its tick end (`coopsched.tick_end_ns`,
-coopsched serve's `return_tick_times`), else on the client's arrivals, where another
-stream's lump may be read just after the wait (its first arrival within `tolerance_ms`
-counts) and one more round is allowed for that reordering.
+A wait (classic gap, TTFT) over its limit is a head-of-line block iff some stream (the waiting
+one too: a reply sent in one lump) received more than A = rounds x R + admissions tokens in it;
+else it is noise (a frozen machine adds no tokens) and counts at its limit. Read on the server's
+tick-end stamps when every event has one, else on client arrivals with slack (README: the stall rule).
 """
 
 from __future__ import annotations
