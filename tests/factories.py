@@ -55,3 +55,11 @@ def token_times(result) -> dict[str, list[float]]:
     for event in result.events:
         times.setdefault(event.seq_id, []).extend([event.time_ms] * len(event.token_ids))
     return times
+
+
+def mixed_workload(num_requests: int = 30, **extra: object) -> str:
+    """poisson-mix's shape as a scenario file: Poisson at 8/s, mixed lengths, 30% speculative."""
+    lines = [f"{key} = {value}" for key, value in extra.items()]
+    return "\n".join(["[workload]", f"num_requests = {num_requests}", 'arrival = "poisson"', "rate_per_s = 8",
+                      "prompt_len = { min = 8, max = 96 }", "max_tokens = { mean = 40, sigma = 0.6 }",
+                      "speculative_share = 0.3", *lines]) + "\n"

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from factories import mixed_workload
 
 from coopsched.cli import main as cli
 from harness.report import build as report
@@ -15,15 +16,7 @@ from harness.sweep.cli import STORE
 
 pytestmark = pytest.mark.bench
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-MIXED = """
-[workload]
-num_requests = 30
-arrival = "poisson"
-rate_per_s = 8
-prompt_len = { min = 8, max = 96 }
-max_tokens = { mean = 40, sigma = 0.6 }
-speculative_share = 0.3
-"""
+MIXED = mixed_workload()
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from factories import mixed_workload
 
 from coopsched.cli import main as cli
 from coopsched.core import MODES, Scheduler
@@ -19,16 +20,7 @@ from harness.sweep import cli as sweep_cli
 from harness.sweep import points
 
 # poisson-mix's shape, 40 requests: the legacy burst stalls classic rows behind whole requests
-MIXED = """
-[workload]
-num_requests = 40
-arrival = "poisson"
-rate_per_s = 8
-prompt_len = { min = 8, max = 96 }
-max_tokens = { mean = 40, sigma = 0.6 }
-speculative_share = 0.3
-accept_prob = 0.6
-"""
+MIXED = mixed_workload(40, accept_prob=0.6)
 RATES = (2, 4, 6)
 ITL_SLO = Slo(itl_ms=250.0)  # a gap limit only: a whole-request burst passes TTFT-free, its neighbours' stalls do not
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from factories import mixed_workload
 
 from coopsched.cli import main as cli
 from harness.live.client import free_port
@@ -20,15 +21,7 @@ from harness.sweep import dispatch
 
 pytest.importorskip("distributed", reason="dask.distributed is the `cluster` extra: pip install -e '.[cluster]'")
 REPO = Path(__file__).resolve().parents[2]
-MIXED = """
-[workload]
-num_requests = 30
-arrival = "poisson"
-rate_per_s = 8
-prompt_len = { min = 8, max = 96 }
-max_tokens = { mean = 40, sigma = 0.6 }
-speculative_share = 0.3
-"""
+MIXED = mixed_workload()
 
 
 @contextmanager
