@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from functools import partial
 
+from .admission import Admissions
 from .config import SchedulerConfig
-from .dispatch import Route, dispatch, is_eligible, shape_key
+from .dispatch import shape_key
 from .hol import HolBook, Samples
 from .kv import KVSlotPool
 from .modes import make_policy
 from .observability import BatchObservability
 from .plan import Plan
 from .policy import Decision, next_yield_flag
-from .prefill import Budget, book_prefill, prefill_kind, prefill_tokens, slice0_spans, spans_for
+from .prefill import book_prefill, prefill_tokens, slice0_spans
 from .queue import PrefillQueue
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
@@ -43,7 +44,7 @@ from .types import (
 SPEC_PREFILLS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.CHUNK})
 
 
-class Scheduler:
+class Scheduler(Admissions):
     def __init__(self, config: SchedulerConfig, *, keep_history: bool = True) -> None:
         self.config = config
         self.policy = make_policy(config.mode, config)
@@ -95,10 +96,6 @@ class Scheduler:
         return not (self._reaped or self._cancelled or self.running or self.prefilling or self.has_spec_work
                     or (len(self.queue) and self.kv.num_free))
 
-    @property
-    def has_spec_work(self) -> bool:
-        return self.job is not None or len(self.backlog) > 0
-
     def tick_state(self) -> TickState:
         num_queued, num_free = len(self.queue), self.kv.num_free
         num_admitted = len(self.running) + len(self.prefilling)  # prefilling rows join the batch when done
@@ -129,66 +126,6 @@ class Scheduler:
             return Plan(ActionKind.DECODE, TickKind.DECODE, state, tuple(r.id for r in rows), rows,
                         release=release)
         return Plan(ActionKind.IDLE, TickKind.IDLE, state, release=release)
-
-    def _plan_admission(self, state: TickState, release: tuple[str, ...]) -> Plan:
-        if self.prefilling:  # a chunked prefill under way goes on first
-            return self._plan_classic_prefill(state, release, [])
-        head = self.queue.pop()
-        self._hol_samples += self._hol.leave_queue(head.id)
-        slot_free = not self.has_spec_work
-        limit = min(self.config.max_window - 1, self.kv.num_free - 1)
-        siblings = self.queue.siblings(head, max(limit, 1)) if slot_free else []
-        route = dispatch(head, self.config, slot_busy=not slot_free, backlog_has_room=self.backlog.has_room,
-                         num_siblings=len(siblings))
-        if route is Route.WAITER:
-            self.kv.acquire(head.id)
-            head.state = RequestState.PARKED
-            self._jobs[head.id] = job = SpecJob([head], self.config.block_size)
-            self.backlog.park(job)
-            self.obs.waiter_parks += 1
-            return Plan(ActionKind.PREFILL, TickKind.PARK, state, (head.id,), job=job, release=release)
-        if route is Route.CLASSIC:
-            self.kv.acquire(head.id)
-            return self._plan_classic_prefill(state, release, [head])
-        rows = [head]
-        if route is Route.WINDOW:
-            for sibling in siblings[: max(limit, 0)]:
-                self.queue.remove(sibling)
-                self._hol_samples += self._hol.leave_queue(sibling.id)
-                rows.append(sibling)
-        for request in rows:
-            self.kv.acquire(request.id)
-        self.job = job = SpecJob(rows, self.config.block_size)
-        for request in rows:
-            self._jobs[request.id] = job
-        self.obs.log_grant(",".join(job.ids))
-        if not self.policy.is_sliced:
-            return Plan(ActionKind.PREFILL, TickKind.BURST, state, tuple(job.ids), job=job, release=release)
-        kind, spans = slice0_spans(job, self.config.prefill_chunk_tokens,
-                                   TickKind.WINDOW if job.is_window else TickKind.SLICE0)
-        return Plan(ActionKind.PREFILL, kind, state, tuple(job.ids), job=job, release=release, spans=spans)
-
-    def _plan_classic_prefill(self, state: TickState, release: tuple[str, ...], admitted: list[Request]) -> Plan:
-        """Chunks of the prefills under way, then new classic admissions, within one tick's budget.
-
-        Only requests that cannot be served speculatively join a batch behind the head: a
-        speculative one waits to be the head of its own admission tick (queue order kept).
-        """
-        budget = Budget(self.config.prefill_chunk_tokens, self.config.max_batch_prefill)
-        spans = spans_for([*self.prefilling, *admitted], budget)
-        room = self.config.max_batch_size - len(self.running) - len(self.prefilling) - len(admitted)
-        while budget.has_room and room > 0 and self.kv.num_free:
-            head = self.queue.peek()
-            if head is None or is_eligible(head, self.config):
-                break
-            self.queue.pop()
-            self._hol_samples += self._hol.leave_queue(head.id)
-            self.kv.acquire(head.id)
-            spans.append(budget.take(head))
-            room -= 1
-        rows = tuple(s.request for s in spans)
-        return Plan(ActionKind.PREFILL, prefill_kind(spans, TickKind.ADMIT), state, tuple(r.id for r in rows),
-                    rows, release=release, spans=tuple(spans))
 
     def _plan_spec(self, decision: Decision, state: TickState, release: tuple[str, ...]) -> Plan:
         job, granted = self.job, False
