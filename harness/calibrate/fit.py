@@ -178,3 +178,22 @@ def summary(samples: Sequence[float]) -> dict:
         return {"mean": None, "p50": None, "p99": None, "n": 0}
     return {"mean": float(data.mean()), "p50": float(np.percentile(data, 50)),
             "p99": float(np.percentile(data, 99)), "n": int(data.size)}
+
+
+def profile_terms(prefill, draft_prefill: float, decode_points: list, draft_ms: float, k: int, round_ms: float,
+                  round_points: list, fused_padding: str, switch: float, quantiles: dict, accept: float) -> dict:
+    """A cost profile's terms from fitted figures, as every calibration writes them (the verify of
+    K positions is what a round costs beyond its K - 1 drafts)."""
+    return {
+        "prefill_fixed_ms": round(max(prefill.fixed, 0.0), 4),
+        "prefill_per_token_ms": round(max(prefill.slope, 0.0), 5),
+        "draft_prefill_per_token_ms": round(max(draft_prefill, 0.0), 5),
+        "decode_ms": decode_points,
+        "draft_per_token_ms": round(draft_ms, 4),
+        "verify_ms": [[1, decode_points[0][1]], [k, round(max(round_ms - draft_ms * (k - 1), 0.0), 4)]],
+        "round_ms": round_points,
+        "fused_padding": fused_padding,
+        "switch_ms": round(switch, 4),
+        "jitter_quantiles": {term: qs for term, qs in quantiles.items() if qs},
+        "accept_prob": round(accept, 4),
+    }

@@ -246,17 +246,8 @@ class TargetCalibration:
         if mode == "fused" and s.mix_gaps:
             quantiles["fused"] = fit.jitter_quantiles([g / mix["mean"] for g in s.mix_gaps])
         return {
-            "prefill_fixed_ms": round(max(prefill.fixed, 0.0), 4),
-            "prefill_per_token_ms": round(max(prefill.slope, 0.0), 5),
-            "draft_prefill_per_token_ms": round(max(draft_prefill, 0.0), 5),
-            "decode_ms": decode_points,
-            "draft_per_token_ms": round(draft, 4),
-            "verify_ms": [[1, decode_points[0][1]], [k, round(max(round_ms - draft * (k - 1), 0.0), 4)]],
-            "round_ms": [[k, round(round_ms, 4)]],
-            "fused_padding": "ragged",
-            "switch_ms": round(switch, 4),
-            "jitter_quantiles": {term: qs for term, qs in quantiles.items() if qs},
-            "accept_prob": round(accept, 4),
+            **fit.profile_terms(prefill, draft_prefill, decode_points, draft, k, round_ms,
+                                [[k, round(round_ms, 4)]], "ragged", switch, quantiles, accept),
             "fit": {"prefill": _line(prefill), "slice0": _line(slice0),
                     "decode": {b: fit.summary(s.decode[b]) for b in batches},
                     "rounds": {**fit.summary(s.round_gaps), "tokens_per_round": mean_tokens,

@@ -152,17 +152,9 @@ class TickCalibration:
         if fused_padding != "split" and fused_steps:  # a split step is decode + round whatever the draft
             draft_per_token_ms = draft_from_fused(fused_steps, decode_points, k, fused_padding)
         return {
-            "prefill_fixed_ms": round(max(prefill.fixed, 0.0), 4),
-            "prefill_per_token_ms": round(max(prefill.slope, 0.0), 5),
-            "draft_prefill_per_token_ms": round(max(draft_prefill, 0.0), 5),
-            "decode_ms": decode_points,
-            "draft_per_token_ms": round(draft_per_token_ms, 4),
-            "verify_ms": [[1, decode_points[0][1]], [k, round(max(round_ms - draft_per_token_ms * (k - 1), 0.0), 4)]],
-            "round_ms": [[w, round(v, 4)] for w, v in zip(widths, rounds)],
-            "fused_padding": fused_padding,
-            "switch_ms": round(switch, 4),
-            "jitter_quantiles": {term: qs for term, qs in quantiles.items() if qs},
-            "accept_prob": round(accept, 4),
+            **fit.profile_terms(prefill, draft_prefill, decode_points, draft_per_token_ms, k, round_ms,
+                                [[w, round(v, 4)] for w, v in zip(widths, rounds)], fused_padding, switch,
+                                quantiles, accept),
             "fit": {"passes": self._passes, "prefill_residuals_ms": [round(r, 3) for r in prefill.residuals],
                     "switch_ms_measured": round(switch_raw, 4), "switch_ms_se": round(switch_se, 4),
                     "acceptance_share": round(share, 4),
