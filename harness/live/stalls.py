@@ -1,8 +1,10 @@
 """Whose fault is a long wait: a stream running ahead, or the machine? One rule for locust and --target.
 
 A wait (classic gap, TTFT) over its limit is a head-of-line block iff some stream (the waiting
-one too: a reply sent in one lump) received more than A = rounds x R + admissions tokens in it;
-else it is noise (a frozen machine adds no tokens) and counts at its limit. Read on the server's
+one too: a reply sent in one lump) received more than A = rounds x R + admissions tokens in it
+beyond what the waiting stream itself caught up on in the lump that ended the wait; else it is
+noise (a frozen machine adds no tokens, a frozen reader or frontend delivers every stream's backlog
+at once) and counts at its limit. Read on the server's
 tick-end stamps when every event has one, else on client arrivals with slack (README: the stall rule).
 """
 
@@ -17,7 +19,7 @@ import numpy as np
 from harness.live import client
 from harness.run import metrics
 
-TOLERANCE_MS = 10.0  # client timeline: a lump sent before the wait ended may be read just after it
+LUMP_MS = 0.5  # client timeline: arrivals closer than this are one lump (a backlog read at once)
 SERVER, CLIENT = "server tick ends", "client arrivals"
 
 
@@ -56,7 +58,6 @@ class Rule:
     tokens_per_round: int          # R
     rounds: int = 1                # rounds of other work a wait may hold (the bound's spec actions)
     admissions: int = 1            # first tokens (slice 0, a prefill) a wait may hold
-    tolerance_ms: float = TOLERANCE_MS
     pace_ms: float | None = None   # client timeline: the fastest stream's ms per token alone
 
     def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0) -> int:
@@ -74,14 +75,16 @@ class Rule:
         a = self.allowance(timeline)
         where = "on the server's tick timeline (each event carries its tick end)"
         if timeline == CLIENT:
-            where = (f"on the client's arrivals (no tick stamps; another stream's first arrival up to "
-                     f"{self.tolerance_ms:g} ms after the wait counts, and one more round is allowed for reordering"
+            where = (f"on the client's arrivals (no tick stamps; a lump, arrivals under {LUMP_MS:g} ms apart, counts "
+                     f"in the share of the time since its stream's previous arrival that lies in the wait, and one "
+                     f"more round is allowed for reordering"
                      + (f"; plus one token per {self.pace_ms:.2f} ms of the wait's limit, the fastest stream's "
                         f"pace alone" if self.pace_ms else "") + ")")
         plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
         return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
                 f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
-                f"{' (+ pace)' if timeline == CLIENT and self.pace_ms else ''} tokens during it, {where}; "
+                f"{' (+ pace)' if timeline == CLIENT and self.pace_ms else ''} tokens made during it, "
+                f"{where}, beyond the tokens the waiting stream caught up on in the lump that ended the wait; "
                 f"otherwise it is noise (every stream waited alike) and counts at its limit")
 
 
@@ -94,7 +97,8 @@ class Wait:
     rounds: int = 0              # extra rounds and admissions this wait may hold (pending requests)
     admissions: int = 0
     ms: float = 0.0
-    evidence: int = 0            # the most tokens one stream (this one included) received during it
+    evidence: int = 0            # the most tokens one stream (this one included) received during it, net
+    caught_up: int = 0           # tokens this stream received in the lump that ended it (1: its next token)
     by: str | None = None        # that stream's id
     allowance: int = 0
     charged_ms: float = 0.0      # ms, or the limit when it is over the limit but noise
@@ -103,6 +107,7 @@ class Wait:
     def to_json(self) -> dict:
         return {"stream": self.stream.id, "kind": self.stream.kind, "token": self.index, "ms": round(self.ms, 3),
                 "limit_ms": round(self.limit_ms, 3), "evidence_tokens": self.evidence, "by": self.by,
+                "caught_up_tokens": self.caught_up,
                 "allowance_tokens": self.allowance, "verdict": self.verdict}
 
 
@@ -125,27 +130,54 @@ def waits_of(stream: Stream, gap_limit_ms: float, ttft_limit_ms: float | None = 
     return out
 
 
+class _Tokens:
+    """One stream's tokens on a timeline, grouped into lumps (a round, or a backlog read at once)."""
+
+    def __init__(self, times_ns: Sequence[int], sent_ns: int, lump_ns: int, exact: bool) -> None:
+        self.t = np.asarray(times_ns, dtype=np.int64)
+        self.exact = exact
+        first = np.r_[True, np.diff(self.t) > lump_ns] if len(self.t) else np.zeros(0, dtype=bool)
+        self.lump = np.flatnonzero(first)[np.cumsum(first) - 1]  # each token's lump: its first index
+        # when a lump was made is unknown on the client: between the arrival before it and its own
+        self.hi = self.t[self.lump]
+        self.lo = np.where(self.lump > 0, self.t[np.maximum(self.lump - 1, 0)], sent_ns)
+
+    def caught_up(self, index: int) -> int:
+        """Tokens from `index` to the end of its lump."""
+        return int(np.searchsorted(self.lump, self.lump[index], "right")) - index
+
+    def made_during(self, start: int, end: int) -> float:
+        """Tokens made in (start, end]: counted on the server's stamps; on client arrivals each lump's
+        tokens in proportion to the part of the interval they may have been made in that lies inside."""
+        if self.exact:
+            return float(np.searchsorted(self.t, end, "right") - np.searchsorted(self.t, start, "right"))
+        span = self.hi - self.lo
+        inside = np.clip(np.minimum(self.hi, end) - np.maximum(self.lo, start), 0, None)
+        share = np.where(span > 0, inside / np.maximum(span, 1), (self.hi > start) & (self.hi <= end))
+        return float(share.sum())
+
+
 def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
     """Fill in each wait's length, evidence and verdict; returns the timeline the evidence was read on."""
     line = timeline(streams)
-    tol_ns = 0 if line == SERVER else int(rule.tolerance_ms * 1e6)
-    times = {s.id: np.asarray(s.ticks_ns if line == SERVER else s.arrivals_ns, dtype=np.int64) for s in streams}
+    exact = line == SERVER
+    tokens = {s.id: _Tokens(s.ticks_ns if exact and s.ticks_ns is not None else s.arrivals_ns, s.sent_ns,
+                            0 if exact else int(LUMP_MS * 1e6), exact) for s in streams}
     for w in waits:
         s = w.stream
-        own = s.ticks_ns if line == SERVER else s.arrivals_ns
-        end = own[w.index]
-        start = s.sent_ns if w.index == 0 else own[w.index - 1]
+        own = tokens[s.id]
+        end = int(own.t[w.index])
+        start = s.sent_ns if w.index == 0 else int(own.t[w.index - 1])
         client_start = s.sent_ns if w.index == 0 else s.arrivals_ns[w.index - 1]
         w.ms = (s.arrivals_ns[w.index] - client_start) / 1e6
+        # the lump that ended the wait was made while it waited: the server was serving this stream too
+        w.caught_up = own.caught_up(w.index)
         w.evidence, w.by = 0, None
-        for other in streams:  # itself too: a reply held back and sent in one lump ran ahead of its reader
-            t = times[other.id]
-            if not len(t):
-                continue
-            k = int(np.searchsorted(t, end, "right"))
-            n = k - int(np.searchsorted(t, start, "right"))
-            if other is not s and k < len(t) and t[k] <= end + tol_ns:  # one lump read just after the wait
-                n += int(np.searchsorted(t, t[k], "right")) - k
+        for other in streams:
+            if other is s:  # a reply held back and sent in one lump ran ahead of its own reader
+                n = int(np.searchsorted(own.t, end, "right") - np.searchsorted(own.t, start, "right"))
+            else:
+                n = round(tokens[other.id].made_during(start, end)) - (w.caught_up - 1)
             if n > w.evidence:
                 w.evidence, w.by = n, other.id
         w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)

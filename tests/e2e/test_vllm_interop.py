@@ -103,7 +103,8 @@ def target_run(url: str, tmp_path: Path) -> dict:
     trace_path = tmp_path / "trace.json"
     trace_path.unlink(missing_ok=True)
     proc = subprocess.run(client([sys.executable, "-m", "coopsched.cli", "run", "concurrency2", "--target", url,
-                                  "--json", str(trace_path)]), capture_output=True, text=True, timeout=600, env=clean_env())
+                                  "--json", str(trace_path)]),
+                          capture_output=True, text=True, timeout=600, env=clean_env())
     assert trace_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     trace = json.loads(trace_path.read_text())[0]
     checks = {c["name"]: c for c in trace["checks"]}
@@ -132,7 +133,7 @@ def locust_run(url: str, tmp_path: Path) -> dict:
             "finished": {k: [len(r["token_times_ms"]) for r in finished if r["kind"] == k]
                          for k in ("classic", "spec")},
             "solo_tokens": {k: v["num_tokens"] for k, v in (report.get("solo") or {}).items()},
-            "stalls": {k: {"hol": v["hol"], "noise": v["noise"], "timeline": v["timeline"]}
+            "stalls": {k: {"hol": v["hol"], "noise": v["noise"], "timeline": v["timeline"], "worst_hol": v["worst_hol"]}
                        for k, v in (report.get("stalls") or {}).items()}}
 
 
@@ -168,7 +169,7 @@ speculative_share = 0.5
 
 
 def test_a_short_sweep_runs_against_vllm(vllm, tmp_path):
-    _config, url = vllm
+    config, url = vllm
     ladder, out = tmp_path / "ladder.toml", tmp_path / "sweep.json"
     ladder.write_text(LADDER)
     proc = subprocess.run(client([sys.executable, "-m", "coopsched.cli", "sweep", str(ladder), "--target", url,
@@ -177,4 +178,5 @@ def test_a_short_sweep_runs_against_vllm(vllm, tmp_path):
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = json.loads(out.read_text())
     assert [(p["load"], p["requests"]) for p in sweep["points"]] == [(1, 8), (2, 8)], sweep["points"]
-    record(_config, "sweep", [{k: p.get(k) for k in ("load", "requests", "slo_attainment", "itl_p99_ms")} for p in sweep["points"]])
+    keys = ("load", "requests", "slo_attainment", "itl_p99_ms")
+    record(config, "sweep", [{k: p.get(k) for k in keys} for p in sweep["points"]])

@@ -67,7 +67,7 @@ def test_a_lump_read_just_after_the_gap_still_counts_on_client_arrivals():
     spec = [807.0] * 64
     c, s = stream("classic", classic), stream("spec", spec, kind="spec")
     _, verdicts = judge(stalls.waits_of(c, 69.4), [c, s])
-    assert verdicts[1] == ("hol", 64)
+    assert verdicts[1] == ("hol", 63)  # 800 of the 807 ms in which the lump may have been made lie in the gap
 
 
 def test_only_one_arrival_after_the_gap_counts_so_a_fast_stream_resuming_is_not_blamed():
@@ -136,3 +136,26 @@ def test_on_client_arrivals_a_fast_stream_may_keep_its_pace_for_the_wait_limit()
     assert "plus one token per 3.00 ms" in paced.describe(stalls.CLIENT)
     bunched = stream("alone", [0.0, 0.01, 0.02, 9.0, 9.01, 9.02, 18.0])  # events read in bunches: the mean counts
     assert stalls.pace_ms([bunched]) == 3.0
+
+
+def test_a_frozen_reader_reads_every_streams_backlog_at_once_and_that_is_noise():
+    """The client stalled 100 ms while the server kept streaming both: the other stream's backlog is
+    read inside the classic wait, but the classic stream's own backlog ends it (it was served too)."""
+    classic = [2.5 * i for i in range(20)] + [150.0 + 0.01 * i for i in range(40)]
+    spec = [2.0 * i for i in range(25)] + [149.8 + 0.002 * i for i in range(50)]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec")
+    paced = stalls.Rule(tokens_per_round=1, pace_ms=2.0)
+    waits = [stalls.Wait(c, 20, 60.0)]
+    assert judge(waits, [c, s], paced)[1] == [("noise", 50 - 39)]
+    assert waits[0].caught_up == 40 and waits[0].to_json()["caught_up_tokens"] == 40
+    held = stream("classic", [2.5 * i for i in range(20)] + [150.0 + 2.5 * i for i in range(40)])  # then its pace
+    assert judge([stalls.Wait(held, 20, 60.0)], [held, s], paced)[1] == [("hol", 50)]
+
+
+def test_a_backlog_made_before_a_wait_is_not_evidence_against_it():
+    """A stream stalled, then its backlog arrived 1 ms into another request's TTFT: made before the wait."""
+    spec = [2.0 * i for i in range(15)] + [190.0 + 0.01 * i for i in range(49)]
+    newcomer = stream("classic", [300.0, 302.0], sent_ms=189.0)
+    s = stream("spec", spec, kind="spec")
+    waits = [stalls.Wait(newcomer, 0, 86.5)]
+    assert judge(waits, [newcomer, s], stalls.Rule(tokens_per_round=1, pace_ms=2.0))[1] == [("noise", 1)]
