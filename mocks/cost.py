@@ -137,7 +137,7 @@ class CostModel:
     def jittered(self, rng: random.Random, ms: float, term: str | None = None) -> float:
         """`ms` scaled by a seeded draw: from the term's fitted quantiles when the profile has
         them, else uniform within +/- `jitter` (no draw at all when both are off)."""
-        quantiles = (self.jitter_quantiles or {}).get(term) if term else None
+        quantiles = self.jitter_quantiles.get(term) if self.jitter_quantiles and term else None
         if quantiles:
             return ms * _inverse_cdf(quantiles, rng.random())
         return ms * (1.0 + rng.uniform(-self.jitter, self.jitter)) if self.jitter else ms

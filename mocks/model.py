@@ -28,13 +28,6 @@ def context_hash(tokens: Sequence[int]) -> int:
     return h
 
 
-def _mix(h: int) -> int:
-    """splitmix64 finalizer: spreads the rolling hash's bits."""
-    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-    h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK
-    return h ^ (h >> 31)
-
-
 class MockTarget:
     def __init__(self, eos_token_id: int = EOS_TOKEN_ID, eos_rate: float = 0.0,
                  scripts: Mapping[tuple[int, ...], Sequence[int]] | None = None) -> None:
@@ -59,7 +52,10 @@ class MockTarget:
                     return token
         if temperature > 0:
             h = extend_hash(h, (seed or 0) + 0x5EED)
-        mixed = _mix(h)
+        # splitmix64's finalizer spreads the rolling hash's bits
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK
+        mixed = h ^ (h >> 31)
         if self.eos_rate and not suppress_eos and (mixed >> 40) % 1_000_000 < self.eos_rate * 1_000_000:
             return self.eos_token_id
         return _FIRST_PRINTABLE + mixed % _NUM_PRINTABLE
