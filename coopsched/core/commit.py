@@ -27,7 +27,8 @@ def matches_stop(request: Request, detokenize: Detokenize) -> bool:
 def commit_tokens(request: Request, tokens: Sequence[int], eos_token_id: int,
                   detokenize: Detokenize) -> tuple[list[int], FinishReason | None]:
     """Append what may be committed of `tokens`; return it and the finish reason, if any."""
-    output, committed = request.output_token_ids, list[int]()
+    output = request.output_token_ids
+    committed: list[int] = []
     for token in tokens[: max(request.max_tokens - len(output), 0)]:
         if token == eos_token_id:
             return committed, FinishReason.STOP
