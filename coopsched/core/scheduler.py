@@ -138,7 +138,7 @@ class Scheduler(Admissions):
                 raise RuntimeError("a speculative action was planned with no job and an empty backlog")
             self.obs.log_grant(",".join(job.ids))
             granted = True
-        live = tuple(r.id for r in job.live_rows)  # a window's finished rows are not in this tick
+        live = tuple([r.id for r in job.live_rows])  # a window's finished rows are not in this tick
         if not job.is_begun:  # slice 0 is a prefill: it never shares a fused forward
             kind, spans = slice0_spans(job, self.config.prefill_chunk_tokens, TickKind.SLICE0)
             return Plan(ActionKind.SPEC_ROUND, kind, state, live, job=job, release=release, spans=spans)
@@ -196,14 +196,16 @@ class Scheduler(Admissions):
         """The yield flag (upstream's rule); with chunking a prefill is one piece of a classic gap,
         not its end: with decode rows waiting it keeps the flag (one speculative action per gap),
         and a speculative prefill is itself a speculative action."""
-        flag = next_yield_flag(self.last_was_spec, plan.action)
-        if plan.action is ActionKind.PREFILL and self.config.is_chunked:
+        action = plan.action
+        flag = next_yield_flag(self.last_was_spec, action)
+        is_prefill = action is ActionKind.PREFILL
+        if is_prefill and self.config.is_chunked:
             is_spec_prefill = plan.kind in SPEC_PREFILLS and plan.job is not None
             flag = is_spec_prefill or (self.last_was_spec and plan.state.num_running > 0)
         self.last_was_spec = flag
-        if plan.action in (ActionKind.DECODE, ActionKind.FUSED):
+        if action is ActionKind.DECODE or action is ActionKind.FUSED:
             self.last_was_prefill = False
-        elif plan.action is ActionKind.PREFILL and plan.spans:
+        elif is_prefill and plan.spans:
             self.last_was_prefill = True
 
     def _book_job(self, plan: Plan, outcome: Outcome) -> None:
