@@ -72,13 +72,15 @@ class MockDrafter:
         # a drafter that does not know min_tokens / ignore_eos proposes EOS where the target may
         # not sample it: the verify must reject it (parity only needs the target to be right)
         self.ignores_eos_rules = ignores_eos_rules
+        self._rng = random.Random()  # re-seeded for every round: seeding costs less than making one
 
     def num_matching(self, seq_id: str, round_index: int, num_drafts: int) -> int:
         """How many of this round's drafts agree with the target before the first miss."""
         script = self.scripts.get(seq_id, [])
         if round_index < len(script):
             return min(script[round_index], num_drafts)
-        rng = random.Random(f"{self.seed}:{seq_id}:{round_index}")
+        rng = self._rng
+        rng.seed(f"{self.seed}:{seq_id}:{round_index}")
         matched = 0
         while matched < num_drafts and rng.random() < self.accept_prob:
             matched += 1
