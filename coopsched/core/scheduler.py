@@ -175,8 +175,10 @@ class Scheduler(Admissions):
         for e in emissions:
             if e.finish_reason is not None and e.seq_id not in outcomes:
                 outcomes[e.seq_id] = self._finalize(self.requests[e.seq_id])
+        if len(emissions) > 1:
+            emissions = _merge(emissions)
         return [TokenEvent(e.seq_id, e.token_ids, end_ms, e.finish_reason, outcomes.get(e.seq_id))
-                for e in _merge(emissions) if e.token_ids or e.finish_reason is not None]
+                for e in emissions if e.token_ids or e.finish_reason is not None]
 
     def _book_deltas(self, outcome: Outcome, num_waiting: int) -> TickDeltas:
         """The speculative counters and the HOL waits the tick ended, into the books and its deltas."""
@@ -291,7 +293,7 @@ class Scheduler(Admissions):
 
 def _merge(emissions: list[Emission]) -> list[Emission]:
     """One emission per request per tick: a legacy burst streams as one lump."""
-    if len(emissions) < 2 or len({e.seq_id for e in emissions}) == len(emissions):
+    if len({e.seq_id for e in emissions}) == len(emissions):
         return emissions
     merged: dict[str, Emission] = {}
     for e in emissions:

@@ -95,8 +95,8 @@ class SpecJob:
     def stop_cancelled(self) -> list[Emission]:
         """Cancelled rows finish before the slice does any model work for them."""
         stopped = []
-        for request in self.live_rows:
-            if request.is_cancelled:
+        for request in self.rows:
+            if request.is_cancelled and not request.is_finished:
                 request.state = RequestState.FINISHED
                 request.finish_reason = FinishReason.STOP
                 self.firsts.pop(request.id, None)
