@@ -43,6 +43,7 @@ from .types import (
 
 SPEC_PREFILLS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.CHUNK})
 CLASSIC_PREFILLS = (TickKind.ADMIT, TickKind.CHUNK)  # without a job: classic rows were prefilled
+SERVES_BATCH = frozenset({ActionKind.DECODE, ActionKind.FUSED})  # the decode rows got a token
 NO_DELTAS = TickDeltas()
 
 
@@ -205,7 +206,7 @@ class Scheduler(Admissions):
             is_spec_prefill = plan.kind in SPEC_PREFILLS and plan.job is not None
             flag = is_spec_prefill or (self.last_was_spec and plan.state.num_running > 0)
         self.last_was_spec = flag
-        if action is ActionKind.DECODE or action is ActionKind.FUSED:
+        if action in SERVES_BATCH:
             self.last_was_prefill = False
         elif is_prefill and plan.spans:
             self.last_was_prefill = True
