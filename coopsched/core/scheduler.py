@@ -229,7 +229,7 @@ class Scheduler(Admissions):
     def _book_hol(self, plan: Plan, outcome: Outcome, wall: float) -> int:
         """HOL waits of this tick; returns how many classic rows waited on its speculative work."""
         if not outcome.spec_rows:
-            if plan.action is not ActionKind.IDLE:  # a classic tick: every wait ends
+            if plan.action is not ActionKind.IDLE and self._hol.has_waits:  # a classic tick: every wait ends
                 self._hol_samples += self._hol.end_queue_wait(len(self.queue))
                 self._hol_samples += self._hol.end_batch_wait(len(self.running))
             return 0
