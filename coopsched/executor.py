@@ -20,6 +20,7 @@ from .core.types import ActionKind, Emission, FinishReason, Outcome, TickKind
 
 T = TypeVar("T")
 NONE_ENDED: frozenset[str] = frozenset()
+CLASSIC_WORK = (TickKind.DECODE, TickKind.ADMIT, TickKind.CHUNK)  # the kinds of a tick without a job
 
 
 class BackendError(RuntimeError):
@@ -63,24 +64,25 @@ class Executor:
 
     # -- the plan's work --------------------------------------------------------
     def _run(self, plan: Plan, out: Outcome) -> None:
-        job = plan.job
-        if plan.kind is TickKind.DECODE or (job is None and plan.kind in (TickKind.ADMIT, TickKind.CHUNK)):
-            self._classic(plan, out)
-        elif job is None or plan.kind is TickKind.PARK:
+        job, kind = plan.job, plan.kind
+        if job is None:  # classic rows only: a decode step, or an admission's prefill
+            if kind in CLASSIC_WORK:
+                self._classic(plan, out)
             return
-        elif plan.kind is TickKind.CHUNK:
+        if kind is TickKind.PARK:
+            return
+        if kind is TickKind.CHUNK:
             self._chunk(plan, job, out)
         elif not job.is_begun:
             self._slice0(job, out)
             while plan.runs_to_completion and job.live_rows:
                 self._round(job, out)
-        elif plan.kind is TickKind.FUSED:
+        elif kind is TickKind.FUSED:
             self._round(job, out, classic=list(plan.rows))
         else:
             self._round(job, out)
-        if job is not None:
-            # an admission tick books every row of the new job; a round, the rows that drafted
-            out.spec_rows = tuple(job.ids) if plan.action is ActionKind.PREFILL else tuple(job.last_worked)
+        # an admission tick books every row of the new job; a round, the rows that drafted
+        out.spec_rows = tuple(job.ids) if plan.action is ActionKind.PREFILL else tuple(job.last_worked)
 
     def _classic(self, plan: Plan, out: Outcome) -> None:
         rows = plan.rows

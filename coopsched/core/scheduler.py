@@ -13,6 +13,7 @@ from __future__ import annotations
 from functools import partial
 
 from .admission import Admissions
+from .commit import merge_emissions
 from .config import SchedulerConfig
 from .dispatch import shape_key
 from .hol import HolBook, Samples
@@ -177,7 +178,7 @@ class Scheduler(Admissions):
             if e.finish_reason is not None and e.seq_id not in outcomes:
                 outcomes[e.seq_id] = self._finalize(self.requests[e.seq_id])
         if len(emissions) > 1:
-            emissions = _merge(emissions)
+            emissions = merge_emissions(emissions)
         return [TokenEvent(e.seq_id, e.token_ids, end_ms, e.finish_reason, outcomes.get(e.seq_id))
                 for e in emissions if e.token_ids or e.finish_reason is not None]
 
@@ -234,8 +235,10 @@ class Scheduler(Admissions):
                 self._hol_samples += self._hol.end_batch_wait(len(self.running))
             return 0
         batch_served = plan.action is ActionKind.FUSED and outcome.error is None
-        touched = set(outcome.touched)
-        num_batch = 0 if batch_served else sum(r.id not in touched for r in self.running)
+        num_batch = 0 if batch_served else len(self.running)
+        if num_batch and outcome.touched:  # a failed tick's rows (the batch's, if fused) did not wait
+            touched = set(outcome.touched)
+            num_batch = sum(r.id not in touched for r in self.running)
         num_waiting = len(self.queue) + num_batch
         self.obs.slices += 1
         self.obs.hol_waiters_max = max(self.obs.hol_waiters_max, num_waiting)
@@ -290,15 +293,3 @@ class Scheduler(Admissions):
             self.obs.add_burst(burst)
         reason = request.finish_reason or FinishReason.STOP
         return RequestOutcome(reason, request.served_speculatively, burst, request.error)
-
-
-def _merge(emissions: list[Emission]) -> list[Emission]:
-    """One emission per request per tick: a legacy burst streams as one lump."""
-    if len({e.seq_id for e in emissions}) == len(emissions):
-        return emissions
-    merged: dict[str, Emission] = {}
-    for e in emissions:
-        prev = merged.get(e.seq_id)
-        merged[e.seq_id] = e if prev is None else Emission(e.seq_id, prev.token_ids + e.token_ids,
-                                                             e.finish_reason or prev.finish_reason)
-    return list(merged.values())
