@@ -49,7 +49,8 @@ class Executor:
 
     def run(self, plan: Plan) -> Outcome:
         out = Outcome()
-        job = plan.job  # a window's rows that finished before the tick:
+        job = plan.job
+        # a window's rows that finished before the tick: containment leaves them be
         ended_before = frozenset(r.id for r in job.rows if r.is_finished) if job is not None else NONE_ENDED
         try:
             self._run(plan, out)

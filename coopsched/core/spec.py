@@ -130,9 +130,10 @@ class SpecJob:
                      detokenize: Detokenize) -> RoundResult:
         """Walk acceptance per row, then commit what each row may emit."""
         num_drafts = self.block_size - 1
+        # every row's verify width is checked before any row commits
+        walks = [accept_walk(d, t, r.num_remaining) for r, d, t in zip(rows, drafts, targets)]
         emissions, rewinds, accepted_total = [], [], 0
-        for request, row_drafts, row_targets in zip(rows, drafts, targets):
-            emitted, accepted = accept_walk(row_drafts, row_targets, request.num_remaining)
+        for request, (emitted, accepted) in zip(rows, walks):
             stats = self.stats[request.id]
             stats.rounds += 1
             stats.drafted += num_drafts
