@@ -63,10 +63,14 @@ class MockBackend:
         seq.hashes.append(extend_hash(seq.hashes[-1], token))
 
     def _next(self, seq: _Sequence, context: Sequence[int], h: int, eos_rules: bool = True) -> int:
-        """The target's token after `context` (whose hash is `h`): output token len(context) - prompt_len."""
+        """The target's token after `context` (whose hash is `h`): output token len(context) - prompt_len.
+        Only an EOS asks whether the request may sample it yet (min_tokens, ignore_eos): if not, the
+        target picks again with EOS masked (any other token is the same either way)."""
         params = seq.params
-        suppress = eos_rules and params.suppresses_eos(len(context) - seq.prompt_len)
-        return self.target.next_token(context, h, seq.prompt_len, params.temperature, params.seed, suppress)
+        token = self.target.next_token(context, h, seq.prompt_len, params.temperature, params.seed)
+        if token == self.eos_token_id and eos_rules and params.suppresses_eos(len(context) - seq.prompt_len):
+            token = self.target.next_token(context, h, seq.prompt_len, params.temperature, params.seed, True)
+        return token
 
     # -- ModelBackend ---------------------------------------------------------
     def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,

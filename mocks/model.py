@@ -76,7 +76,7 @@ class MockDrafter:
 
     def num_matching(self, seq_id: str, round_index: int, num_drafts: int) -> int:
         """How many of this round's drafts agree with the target before the first miss."""
-        script = self.scripts.get(seq_id, [])
+        script = self.scripts.get(seq_id, ())
         if round_index < len(script):
             return min(script[round_index], num_drafts)
         rng = self._rng
