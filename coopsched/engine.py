@@ -72,14 +72,15 @@ class Engine:
 
     def step(self) -> Committed:
         """One tick: plan exactly one action, run it, commit it, timed by the injected clock."""
-        plan = self.scheduler.schedule()
-        start = self.clock.now()
+        scheduler, clock, on_event = self.scheduler, self.clock, self.on_event
+        plan = scheduler.schedule()
+        start = clock.now()
         outcome = self.executor.run(plan)
-        end = self.clock.now()
-        committed = self.scheduler.commit(plan, outcome, start, end)
-        if self.on_event:
+        end = clock.now()
+        committed = scheduler.commit(plan, outcome, start, end)
+        if on_event:
             for event in committed.events:
-                self.on_event(event)
+                on_event(event)
         if self.on_tick:
             self.on_tick(committed)
         return committed
@@ -88,21 +89,22 @@ class Engine:
         """Submit each request at its arrival_ms and tick until every one has finished."""
         pending = arrivals if isinstance(arrivals, Arrivals) else Arrivals(arrivals)
         result = RunResult()
-        while pending or self.scheduler.has_work:
-            now = self.clock.now()
+        scheduler, clock, ticks = self.scheduler, self.clock, result.ticks
+        while pending or scheduler.has_work:
+            now = clock.now()
             while pending and pending.next_ms() <= now:
-                self.scheduler.submit(pending.pop())
-            if self.scheduler.is_idle:
+                scheduler.submit(pending.pop())
+            if scheduler.is_idle:
                 if not pending:
-                    if self.scheduler.requests:
+                    if scheduler.requests:
                         raise RuntimeError(f"scheduler stalled with live requests "
-                                           f"{sorted(self.scheduler.requests)} and nothing to do")
+                                           f"{sorted(scheduler.requests)} and nothing to do")
                     break
-                self.clock.advance_to(pending.next_ms())
-                result.ticks.append(TickRecord(now, self.clock.now(), ActionKind.IDLE, TickKind.IDLE, ()))
+                clock.advance_to(pending.next_ms())
+                ticks.append(TickRecord(now, clock.now(), ActionKind.IDLE, TickKind.IDLE, ()))
                 continue
             committed = self.step()
-            result.ticks.append(committed.record)
+            ticks.append(committed.record)
             if keep_events:
                 result.events.extend(committed.events)
             for event in committed.events:

@@ -19,6 +19,8 @@ from .core.spec import SpecJob, commit
 from .core.types import ActionKind, Emission, FinishReason, Outcome, TickKind
 
 T = TypeVar("T")
+NONE_ENDED: frozenset[str] = frozenset()
+CLASSIC_WORK = (TickKind.DECODE, TickKind.ADMIT, TickKind.CHUNK)  # the kinds of a tick without a job
 
 
 class BackendError(RuntimeError):
@@ -47,8 +49,9 @@ class Executor:
 
     def run(self, plan: Plan) -> Outcome:
         out = Outcome()
-        job_rows = plan.job.rows if plan.job is not None else []
-        ended_before = frozenset(r.id for r in job_rows if r.is_finished)  # a window's finished rows
+        job = plan.job
+        # a window's rows that finished before the tick: containment leaves them be
+        ended_before = frozenset(r.id for r in job.rows if r.is_finished) if job is not None else NONE_ENDED
         try:
             self._run(plan, out)
         except BackendError as exc:
@@ -62,29 +65,30 @@ class Executor:
 
     # -- the plan's work --------------------------------------------------------
     def _run(self, plan: Plan, out: Outcome) -> None:
-        job = plan.job
-        if plan.kind is TickKind.DECODE or (job is None and plan.kind in (TickKind.ADMIT, TickKind.CHUNK)):
-            self._classic(plan, out)
-        elif job is None or plan.kind is TickKind.PARK:
+        job, kind = plan.job, plan.kind
+        if job is None:  # classic rows only: a decode step, or an admission's prefill
+            if kind in CLASSIC_WORK:
+                self._classic(plan, out)
             return
-        elif plan.kind is TickKind.CHUNK:
+        if kind is TickKind.PARK:
+            return
+        if kind is TickKind.CHUNK:
             self._chunk(plan, job, out)
         elif not job.is_begun:
             self._slice0(job, out)
             while plan.runs_to_completion and job.live_rows:
                 self._round(job, out)
-        elif plan.kind is TickKind.FUSED:
+        elif kind is TickKind.FUSED:
             self._round(job, out, classic=list(plan.rows))
         else:
             self._round(job, out)
-        if job is not None:
-            # an admission tick books every row of the new job; a round, the rows that drafted
-            out.spec_rows = tuple(job.ids) if plan.action is ActionKind.PREFILL else tuple(job.last_worked)
+        # an admission tick books every row of the new job; a round, the rows that drafted
+        out.spec_rows = tuple(job.ids) if plan.action is ActionKind.PREFILL else tuple(job.last_worked)
 
     def _classic(self, plan: Plan, out: Outcome) -> None:
-        rows = list(plan.rows)
-        if plan.kind is TickKind.DECODE:
-            tokens = guard([r.id for r in rows], self.backend.decode, [(r.id, r.last_token) for r in rows])
+        rows = plan.rows
+        if plan.kind is TickKind.DECODE:  # the plan names exactly its rows
+            tokens = guard(plan.request_ids, self.backend.decode, [(r.id, r.last_token) for r in rows])
             out.emissions += self._commit_classic(rows, tokens)
             return
         firsts = self._prefill(plan.spans, with_draft=False)  # rows whose prompt is all in get a token
@@ -129,7 +133,7 @@ class Executor:
         """One round of the job; in a fused tick its verify also decodes the classic rows."""
         stopped, rows = job.start_round()
         out.emissions += stopped
-        decode_rows = [(r.id, r.last_token) for r in classic or []]
+        decode_rows = [(r.id, r.last_token) for r in classic] if classic is not None else []
         classic_tokens: list[int] = []
         if rows:
             num_drafts = job.block_size - 1
@@ -154,8 +158,9 @@ class Executor:
         if classic is not None:
             out.emissions += self._commit_classic(classic, classic_tokens)
 
-    def _commit_classic(self, rows: list[Request], tokens: list[int]) -> list[Emission]:
-        return [commit(r, [t], self.backend.eos_token_id, self.backend.detokenize) for r, t in zip(rows, tokens)]
+    def _commit_classic(self, rows: Sequence[Request], tokens: list[int]) -> list[Emission]:
+        eos_token_id, detokenize = self.backend.eos_token_id, self.backend.detokenize
+        return [commit(r, [t], eos_token_id, detokenize) for r, t in zip(rows, tokens)]
 
     # -- containment ------------------------------------------------------------
     def _contain(self, plan: Plan, out: Outcome, exc: BackendError, ended_before: frozenset[str]) -> None:

@@ -63,13 +63,14 @@ class MockBackend:
         seq.hashes.append(extend_hash(seq.hashes[-1], token))
 
     def _next(self, seq: _Sequence, context: Sequence[int], h: int, eos_rules: bool = True) -> int:
-        """The target's token after `context`, which is output token len(context) - prompt_len."""
-        suppress = eos_rules and seq.params.suppresses_eos(len(context) - seq.prompt_len)
-        return self.target.next_token(context, h, seq.prompt_len, seq.params.temperature,
-                                      seq.params.seed, suppress_eos=suppress)
-
-    def _target_after(self, seq: _Sequence) -> int:
-        return self._next(seq, seq.tokens, seq.hashes[-1])
+        """The target's token after `context` (whose hash is `h`): output token len(context) - prompt_len.
+        Only an EOS asks whether the request may sample it yet (min_tokens, ignore_eos): if not, the
+        target picks again with EOS masked (any other token is the same either way)."""
+        params = seq.params
+        token = self.target.next_token(context, h, seq.prompt_len, params.temperature, params.seed)
+        if token == self.eos_token_id and eos_rules and params.suppresses_eos(len(context) - seq.prompt_len):
+            token = self.target.next_token(context, h, seq.prompt_len, params.temperature, params.seed, True)
+        return token
 
     # -- ModelBackend ---------------------------------------------------------
     def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
@@ -78,7 +79,7 @@ class MockBackend:
         seq.hashes = [context_hash(prompt)]
         self._seqs[seq_id] = seq
         self._charge(self.cost.prefill(len(prompt), with_draft), "prefill")
-        return self._target_after(seq)
+        return self._next(seq, seq.tokens, seq.hashes[-1])
 
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
         self._charge(self.cost.decode(len(rows)), "decode", "classic")
@@ -104,7 +105,7 @@ class MockBackend:
                 h = extend_hash(h, token)
             seq.tokens.extend(row.prompt[row.start:row.stop])
             seq.hashes = [h]
-            out.append(self._target_after(seq) if row.is_last else None)
+            out.append(self._next(seq, seq.tokens, seq.hashes[-1]) if row.is_last else None)
         return out
 
     def _decode_rows(self, rows: Sequence[tuple[str, int]]) -> list[int]:
@@ -112,19 +113,19 @@ class MockBackend:
         for seq_id, last in rows:
             seq = self._seqs[seq_id]
             self._push(seq, last)
-            out.append(self._target_after(seq))
+            out.append(self._next(seq, seq.tokens, seq.hashes[-1]))
         return out
 
     def draft(self, rows: Sequence[tuple[str, int]], num_tokens: int) -> list[list[int]]:
         self._charge(self.cost.draft(num_tokens), "draft", "spec")
-        out = []
+        out, eos_rules = [], not self.drafter.ignores_eos_rules
         for seq_id, last in rows:
             seq = self._seqs[seq_id]
             matching = self.drafter.num_matching(seq_id, seq.rounds, num_tokens)
             seq.rounds += 1
             context, h, proposals = seq.tokens + [last], extend_hash(seq.hashes[-1], last), []
             for i in range(num_tokens):
-                target = self._next(seq, context, h, eos_rules=not self.drafter.ignores_eos_rules)
+                target = self._next(seq, context, h, eos_rules)
                 token = target if i < matching else self.drafter.miss(target)
                 proposals.append(token)
                 context.append(token)
@@ -133,8 +134,9 @@ class MockBackend:
         return out
 
     def verify(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
-        width = sum(len(d) + 1 for _, _, d in rows)
-        self._charge(self.cost.verify_charge(width, max((len(d) for _, _, d in rows), default=0)), "verify", "spec")
+        num_drafts = [len(d) for _, _, d in rows]
+        width = sum(num_drafts) + len(rows)
+        self._charge(self.cost.verify_charge(width, max(num_drafts, default=0)), "verify", "spec")
         return self._verify_rows(rows)
 
     def fused(self, decode_rows: Sequence[tuple[str, int]],
@@ -152,7 +154,7 @@ class MockBackend:
             targets = []
             for token in [last, *drafts]:
                 self._push(seq, token)
-                targets.append(self._target_after(seq))
+                targets.append(self._next(seq, seq.tokens, seq.hashes[-1]))
             out.append(targets)
         return out
 

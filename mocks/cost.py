@@ -88,18 +88,20 @@ class CostModel:
 
     def decode(self, batch_size: int) -> float:
         key = ("decode", batch_size)
-        if key not in self._memo:
-            self._memo[key] = _interp(self.decode_ms, batch_size)
-        return self._memo[key]
+        ms = self._memo.get(key)
+        if ms is None:
+            ms = self._memo[key] = _interp(self.decode_ms, batch_size)
+        return ms
 
     def draft(self, num_tokens: int) -> float:
         return self.draft_per_token_ms * num_tokens
 
     def verify(self, width: int) -> float:
         key = ("verify", width)
-        if key not in self._memo:
-            self._memo[key] = _interp(self.verify_ms, width)
-        return self._memo[key]
+        ms = self._memo.get(key)
+        if ms is None:
+            ms = self._memo[key] = _interp(self.verify_ms, width)
+        return ms
 
     def round(self, block_size: int, rows: int = 1) -> float:
         """One speculative round: K-1 drafts (rows drafted together) and one verify of rows*K
@@ -137,7 +139,7 @@ class CostModel:
     def jittered(self, rng: random.Random, ms: float, term: str | None = None) -> float:
         """`ms` scaled by a seeded draw: from the term's fitted quantiles when the profile has
         them, else uniform within +/- `jitter` (no draw at all when both are off)."""
-        quantiles = (self.jitter_quantiles or {}).get(term) if term else None
+        quantiles = self.jitter_quantiles.get(term) if self.jitter_quantiles and term else None
         if quantiles:
             return ms * _inverse_cdf(quantiles, rng.random())
         return ms * (1.0 + rng.uniform(-self.jitter, self.jitter)) if self.jitter else ms

@@ -28,13 +28,6 @@ def context_hash(tokens: Sequence[int]) -> int:
     return h
 
 
-def _mix(h: int) -> int:
-    """splitmix64 finalizer: spreads the rolling hash's bits."""
-    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-    h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK
-    return h ^ (h >> 31)
-
-
 class MockTarget:
     def __init__(self, eos_token_id: int = EOS_TOKEN_ID, eos_rate: float = 0.0,
                  scripts: Mapping[tuple[int, ...], Sequence[int]] | None = None) -> None:
@@ -59,7 +52,10 @@ class MockTarget:
                     return token
         if temperature > 0:
             h = extend_hash(h, (seed or 0) + 0x5EED)
-        mixed = _mix(h)
+        # splitmix64's finalizer spreads the rolling hash's bits
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & _MASK
+        mixed = h ^ (h >> 31)
         if self.eos_rate and not suppress_eos and (mixed >> 40) % 1_000_000 < self.eos_rate * 1_000_000:
             return self.eos_token_id
         return _FIRST_PRINTABLE + mixed % _NUM_PRINTABLE
@@ -76,13 +72,15 @@ class MockDrafter:
         # a drafter that does not know min_tokens / ignore_eos proposes EOS where the target may
         # not sample it: the verify must reject it (parity only needs the target to be right)
         self.ignores_eos_rules = ignores_eos_rules
+        self._rng = random.Random()  # re-seeded for every round: seeding costs less than making one
 
     def num_matching(self, seq_id: str, round_index: int, num_drafts: int) -> int:
         """How many of this round's drafts agree with the target before the first miss."""
-        script = self.scripts.get(seq_id, [])
+        script = self.scripts.get(seq_id, ())
         if round_index < len(script):
             return min(script[round_index], num_drafts)
-        rng = random.Random(f"{self.seed}:{seq_id}:{round_index}")
+        rng = self._rng
+        rng.seed(f"{self.seed}:{seq_id}:{round_index}")
         matched = 0
         while matched < num_drafts and rng.random() < self.accept_prob:
             matched += 1

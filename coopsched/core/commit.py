@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .request import Request
-from .types import FinishReason
+from .types import Emission, FinishReason
 
 Detokenize = Callable[[Sequence[int]], str]
 
@@ -27,7 +27,8 @@ def matches_stop(request: Request, detokenize: Detokenize) -> bool:
 def commit_tokens(request: Request, tokens: Sequence[int], eos_token_id: int,
                   detokenize: Detokenize) -> tuple[list[int], FinishReason | None]:
     """Append what may be committed of `tokens`; return it and the finish reason, if any."""
-    output, committed = request.output_token_ids, list[int]()
+    output = request.output_token_ids
+    committed: list[int] = []
     for token in tokens[: max(request.max_tokens - len(output), 0)]:
         if token == eos_token_id:
             return committed, FinishReason.STOP
@@ -40,3 +41,15 @@ def commit_tokens(request: Request, tokens: Sequence[int], eos_token_id: int,
     if committed:
         request.last_token = committed[-1]
     return committed, None
+
+
+def merge_emissions(emissions: list[Emission]) -> list[Emission]:
+    """One emission per request per tick: a legacy burst streams as one lump."""
+    if len({e.seq_id for e in emissions}) == len(emissions):
+        return emissions
+    merged: dict[str, Emission] = {}
+    for e in emissions:
+        prev = merged.get(e.seq_id)
+        merged[e.seq_id] = e if prev is None else Emission(e.seq_id, prev.token_ids + e.token_ids,
+                                                             e.finish_reason or prev.finish_reason)
+    return list(merged.values())

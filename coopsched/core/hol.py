@@ -33,6 +33,11 @@ class HolBook:
         self._group_of: dict[str, _Joined] = {}
         self._open: _Joined | None = None  # the group arrivals join until the next speculative tick
 
+    @property
+    def has_waits(self) -> bool:
+        """Whether a classic tick has anything to end (a speculative tick ran, or requests joined)."""
+        return bool(self._queue_wait or self._batch_wait or self._joined)
+
     def join_queue(self, seq_id: str) -> None:
         if self._open is None:
             self._open = _Joined()

@@ -7,6 +7,7 @@ objects; `job` is the speculative job the tick serves, if any.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .request import Request
@@ -25,7 +26,8 @@ class Span(NamedTuple):
         return self.start == 0 and self.stop == len(self.request.prompt_token_ids)
 
 
-class Plan(NamedTuple):
+@dataclass(slots=True)
+class Plan:  # a slotted class: made every tick, read ~30 times (a NamedTuple is slower at both)
     action: ActionKind
     kind: TickKind
     state: TickState                     # what the policy decided from

@@ -72,8 +72,11 @@ def decide_action(state: TickState) -> ActionKind:
     return ActionKind.PREFILL
 
 
+# SpeculativeRound sets the flag; Prefill, Decode and Fused clear it; Idle leaves it
+YIELD_FLAG = {ActionKind.SPEC_ROUND: True, ActionKind.PREFILL: False, ActionKind.DECODE: False,
+              ActionKind.FUSED: False}
+
+
 def next_yield_flag(last_was_spec: bool, action: ActionKind) -> bool:
-    """SpeculativeRound sets the flag; Prefill, Decode and Fused clear it; Idle leaves it."""
-    if action is ActionKind.IDLE:
-        return last_was_spec
-    return action is ActionKind.SPEC_ROUND
+    """The yield flag after `action` (YIELD_FLAG; Idle leaves it)."""
+    return YIELD_FLAG.get(action, last_was_spec)

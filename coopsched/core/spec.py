@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .commit import Detokenize, commit_tokens
 from .request import Request, RequestState
@@ -25,13 +26,16 @@ def accept_walk(drafts: Sequence[int], targets: Sequence[int], budget: int) -> t
     """
     if len(targets) != len(drafts) + 1:
         raise ValueError(f"verify returned {len(targets)} targets for {len(drafts)} drafts")
-    accepted = next((i for i, (d, t) in enumerate(zip(drafts, targets)) if d != t), len(drafts))
-    emitted = list(drafts[:accepted]) + [targets[accepted]]
+    accepted = 0
+    for draft, target in zip(drafts, targets):
+        if draft != target:
+            break
+        accepted += 1
+    emitted = [*drafts[:accepted], targets[accepted]]
     return emitted[: max(budget, 0)], accepted
 
 
-@dataclass(frozen=True, slots=True)
-class RoundResult:
+class RoundResult(NamedTuple):
     """What one round committed, what the target cache must drop, and its counters."""
     emissions: list[Emission]
     rewinds: list[tuple[str, int]]   # (seq_id, rejected positions to drop)
@@ -91,8 +95,8 @@ class SpecJob:
     def stop_cancelled(self) -> list[Emission]:
         """Cancelled rows finish before the slice does any model work for them."""
         stopped = []
-        for request in self.live_rows:
-            if request.is_cancelled:
+        for request in self.rows:
+            if request.is_cancelled and not request.is_finished:
                 request.state = RequestState.FINISHED
                 request.finish_reason = FinishReason.STOP
                 self.firsts.pop(request.id, None)
@@ -126,19 +130,21 @@ class SpecJob:
                      detokenize: Detokenize) -> RoundResult:
         """Walk acceptance per row, then commit what each row may emit."""
         num_drafts = self.block_size - 1
+        # every row's verify width is checked before any row commits
         walks = [accept_walk(d, t, r.num_remaining) for r, d, t in zip(rows, drafts, targets)]
-        emissions, accepted_total = [], 0
+        emissions, rewinds, accepted_total = [], [], 0
         for request, (emitted, accepted) in zip(rows, walks):
             stats = self.stats[request.id]
             stats.rounds += 1
             stats.drafted += num_drafts
             stats.accepted += min(accepted, num_drafts)
             accepted_total += min(accepted, num_drafts)
-            emissions.append(commit(request, emitted, eos_token_id, detokenize))
+            emission = commit(request, emitted, eos_token_id, detokenize)
+            emissions.append(emission)
+            if emission.finish_reason is None:
+                rewinds.append((request.id, num_drafts - accepted))
         self.grant_slices += 1
         self.last_worked = [r.id for r in rows]
-        rewinds = [(r.id, num_drafts - accepted) for r, (_, accepted), e in zip(rows, walks, emissions)
-                   if e.finish_reason is None]
         return RoundResult(emissions, rewinds, len(rows), len(rows) * num_drafts, accepted_total)
 
 

@@ -3,7 +3,9 @@
 A tick's kind is set where the work is planned or fails, never parsed from text
 later: the bounds, the cost arbiter and the reports all read `TickRecord.kind`.
 Times are the ones the engine passed in (ms); nothing here reads a clock. The
-records made every tick or every row are NamedTuples: immutable and cheap to make.
+records made every tick or every row are slotted classes (the cheapest to make and
+read; nothing changes them once made); TickState and TickDeltas stay frozen NamedTuples
+(policies are table-tested on them; a classic tick shares one empty TickDeltas).
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ class TickState(NamedTuple):
     spec_prefilling: bool = False    # chunking: the next speculative job's slice 0 is unfinished (never fused)
 
 
-class Emission(NamedTuple):
+@dataclass(slots=True)
+class Emission:
     """Tokens a tick made visible for one request, and whether that finished it."""
     seq_id: str
     token_ids: tuple[int, ...]
@@ -124,7 +127,8 @@ class RequestOutcome:
     error: str | None = None              # FinishReason.ERROR: what failed
 
 
-class TokenEvent(NamedTuple):
+@dataclass(slots=True)
+class TokenEvent:
     seq_id: str
     token_ids: tuple[int, ...]
     time_ms: float
@@ -132,7 +136,8 @@ class TokenEvent(NamedTuple):
     outcome: RequestOutcome | None = None  # set on the finish event
 
 
-class TickRecord(NamedTuple):
+@dataclass(slots=True)
+class TickRecord:
     start_ms: float
     end_ms: float
     action: ActionKind
@@ -175,7 +180,8 @@ class TickDeltas(NamedTuple):
     hol_waiters: int = 0                           # rows waiting on this tick's speculative work
 
 
-class Committed(NamedTuple):
+@dataclass(slots=True)
+class Committed:
     record: TickRecord
     events: list[TokenEvent]
     deltas: TickDeltas
