@@ -4,7 +4,8 @@ All times are the ones the engine passed in (ms); nothing here reads a clock.
 HOL wait is the time classic rows with pending work (decode rows plus queued
 requests, not the speculative backlog) spend waiting on speculative actions; the
 waits are kept as a multiset (wait -> rows), so memory grows with distinct waits,
-not with ticks x queue. A long-running server keeps no history (`keep_history`).
+not with ticks x queue. A long-running server keeps no history (`keep_history`): on a
+real clock every wait is distinct, so it exports each tick's waits (TickDeltas) instead.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .types import BurstFinalized
 
 @dataclass(slots=True)
 class BatchObservability:
-    keep_history: bool = True   # grant log and BurstFinalized list (runs); a server exports events instead
+    keep_history: bool = True   # grant log, BurstFinalized list, HOL waits (runs); a server exports deltas instead
     rounds: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -37,5 +38,7 @@ class BatchObservability:
             self.bursts.append(record)
 
     def add_hol_waits(self, samples: list[tuple[float, int]]) -> None:
+        if not self.keep_history:
+            return
         for wait, count in samples:
             self.hol_wait_ms[wait] += count

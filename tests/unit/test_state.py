@@ -87,3 +87,20 @@ def test_hol_waiters_is_the_true_maximum():
     sliced = runner.execute(scen, runner.scenario_config(scen, "slice"))
     waits = sliced.scheduler.obs.hol_wait_ms
     assert waits and max(waits) == pytest.approx(max(runner.scenario_cost(scen, 0).slice0(48) + 20.0, 20.0))
+
+
+def test_a_server_scheduler_keeps_no_history_so_nothing_grows_with_requests():
+    """keep_history=False (the server's): each tick's HOL waits travel in its deltas and none piles up in
+    the books, where on a real clock every wait would be a new key (a soak grew 1 MB a minute)."""
+    from coopsched.core import Scheduler, SchedulerConfig
+    from coopsched.engine import Engine
+    from factories import make_backend
+
+    backend = make_backend()
+    exported: list[tuple[float, int]] = []
+    engine = Engine(Scheduler(SchedulerConfig(), keep_history=False), backend, backend.clock,
+                    on_tick=lambda committed: exported.extend(committed.deltas.hol_waits))
+    engine.run(make_requests(4, speculative=False) + make_requests(2, prefix="s", max_tokens=24))
+    obs = engine.scheduler.obs
+    assert exported and obs.rounds > 0
+    assert not obs.hol_wait_ms and not obs.bursts and not obs.grant_log
