@@ -1,12 +1,13 @@
 """KV slot pool, prefill queue lanes, commit rules and HOL accounting."""
 
 import pytest
-from factories import make_engine, make_requests
+from factories import make_backend, make_engine, make_requests
 
-from coopsched.core import FinishReason, Priority, Request, RequestError, SamplingParams
+from coopsched.core import FinishReason, Priority, Request, RequestError, SamplingParams, Scheduler, SchedulerConfig
 from coopsched.core.commit import commit_tokens
 from coopsched.core.kv import KVSlotPool
 from coopsched.core.queue import PrefillQueue
+from coopsched.engine import Engine
 from mocks import ByteTokenizer
 
 DETOK = ByteTokenizer().decode
@@ -92,10 +93,6 @@ def test_hol_waiters_is_the_true_maximum():
 def test_a_server_scheduler_keeps_no_history_so_nothing_grows_with_requests():
     """keep_history=False (the server's): each tick's HOL waits travel in its deltas and none piles up in
     the books, where on a real clock every wait would be a new key (a soak grew 1 MB a minute)."""
-    from coopsched.core import Scheduler, SchedulerConfig
-    from coopsched.engine import Engine
-    from factories import make_backend
-
     backend = make_backend()
     exported: list[tuple[float, int]] = []
     engine = Engine(Scheduler(SchedulerConfig(), keep_history=False), backend, backend.clock,
