@@ -4,8 +4,8 @@ A wait (classic gap, TTFT) over its limit is a head-of-line block iff some strea
 one too: a reply sent in one lump) received more than A = rounds x R + admissions tokens in it
 beyond what the waiting stream itself caught up on in the lump that ended the wait; else it is
 noise (a frozen machine adds no tokens, a frozen reader or frontend delivers every stream's backlog
-at once) and counts at its limit. Read on the server's
-tick-end stamps when every event has one, else on client arrivals with slack (README: the stall rule).
+at once) and counts at its limit. Read on the server's tick-end stamps when every event has one,
+else on client arrivals with slack (README: the stall rule).
 """
 
 from __future__ import annotations
@@ -161,11 +161,15 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
     """Fill in each wait's length, evidence and verdict; returns the timeline the evidence was read on."""
     line = timeline(streams)
     exact = line == SERVER
-    tokens = {s.id: _Tokens(s.ticks_ns if exact and s.ticks_ns is not None else s.arrivals_ns, s.sent_ns,
-                            0 if exact else int(LUMP_MS * 1e6), exact) for s in streams}
+    tokens = [_Tokens(s.ticks_ns if exact and s.ticks_ns is not None else s.arrivals_ns, s.sent_ns,
+                      0 if exact else int(LUMP_MS * 1e6), exact) for s in streams]
+    index = {s.id: i for i, s in enumerate(streams)}
+    # a stream can hold evidence only for waits its life overlaps: sent -> last token
+    sent = np.array([s.sent_ns for s in streams], dtype=np.int64)
+    last = np.array([t.t[-1] if len(t.t) else s.sent_ns for s, t in zip(streams, tokens)], dtype=np.int64)
     for w in waits:
         s = w.stream
-        own = tokens[s.id]
+        own = tokens[index[s.id]]
         end = int(own.t[w.index])
         start = s.sent_ns if w.index == 0 else int(own.t[w.index - 1])
         client_start = s.sent_ns if w.index == 0 else s.arrivals_ns[w.index - 1]
@@ -173,11 +177,12 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
         # the lump that ended the wait was made while it waited: the server was serving this stream too
         w.caught_up = own.caught_up(w.index)
         w.evidence, w.by = 0, None
-        for other in streams:
+        for i in np.flatnonzero((sent < end) & (last > start)):
+            other = streams[i]
             if other is s:  # a reply held back and sent in one lump ran ahead of its own reader
                 n = int(np.searchsorted(own.t, end, "right") - np.searchsorted(own.t, start, "right"))
             else:
-                n = round(tokens[other.id].made_during(start, end)) - (w.caught_up - 1)
+                n = round(tokens[i].made_during(start, end)) - (w.caught_up - 1)
             if n > w.evidence:
                 w.evidence, w.by = n, other.id
         w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)
