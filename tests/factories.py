@@ -63,3 +63,15 @@ def mixed_workload(num_requests: int = 30, **extra: object) -> str:
     return "\n".join(["[workload]", f"num_requests = {num_requests}", 'arrival = "poisson"', "rate_per_s = 8",
                       "prompt_len = { min = 8, max = 96 }", "max_tokens = { mean = 40, sigma = 0.6 }",
                       "speculative_share = 0.3", *lines]) + "\n"
+
+
+# a short closed-loop ladder for live sweeps: 8 requests, half speculative (`--concurrency` sets the users)
+LADDER = """
+[workload]
+num_requests = 8
+arrival = "closed"
+concurrency = 1
+prompt_len = 16
+max_tokens = 24
+speculative_share = 0.5
+"""

@@ -7,20 +7,11 @@ import json
 
 import pytest
 from e2e_servers import serve
+from factories import LADDER
 
 from coopsched.cli import main as cli
 
 pytestmark = pytest.mark.e2e
-
-LADDER = """
-[workload]
-num_requests = 8
-arrival = "closed"
-concurrency = 1
-prompt_len = 16
-max_tokens = 24
-speculative_share = 0.5
-"""
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from e2e_servers import clean_env
+from factories import LADDER
 
 from harness.live.client import free_port, spawn_server
 
@@ -155,17 +156,6 @@ def test_target_and_locust_count_every_token_and_agree(vllm, tmp_path):
     assert len(verdicts) == 1, (targets, locusts)
     if config == "ngram":  # vLLM streams a speculative step's accepted tokens in one event
         assert sum(r["tokens"]["spec"] for r in locusts) > sum(r["events"]["spec"] for r in locusts)
-
-
-LADDER = """
-[workload]
-num_requests = 8
-arrival = "closed"
-concurrency = 1
-prompt_len = 16
-max_tokens = 24
-speculative_share = 0.5
-"""
 
 
 def test_a_short_sweep_runs_against_vllm(vllm, tmp_path):
