@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from coopsched.cli import main as cli
 from coopsched.clock import ManualClock
 from coopsched.core import Request, SamplingParams, Scheduler, SchedulerConfig
 from coopsched.engine import Engine
@@ -75,3 +76,13 @@ prompt_len = 16
 max_tokens = 24
 speculative_share = 0.5
 """
+
+
+def cli_error_line(capsys, argv: list[str]) -> str:
+    """`coopsched ARGV` refuses with exit 2 and exactly one `error: ...` line, no traceback."""
+    assert cli(argv) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out
+    return lines[0]

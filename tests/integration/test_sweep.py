@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from factories import mixed_workload
+from factories import cli_error_line, mixed_workload
 
 from coopsched.cli import main as cli
 from coopsched.core import MODES, Scheduler
@@ -152,18 +152,9 @@ BAD = [  # id, arguments after the scenario (None: the mixed file), fragments of
 ]
 
 
-def one_line_error(capsys, args: list[str]) -> str:
-    assert cli(["sweep", *args]) == 2
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    lines = out.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), out
-    return lines[0]
-
-
 @pytest.mark.parametrize(("args", "fragments"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_bad_option_is_one_line_naming_the_value(mixed, capsys, args, fragments):
-    line = one_line_error(capsys, [str(mixed), *args])
+    line = cli_error_line(capsys, ["sweep", str(mixed), *args])
     for fragment in fragments:
         assert fragment in line
     assert not Path(sweep_cli.STORE).exists()  # nothing ran, nothing stored
@@ -187,14 +178,14 @@ def test_a_scenario_that_cannot_be_swept_says_why(tmp_path, capsys, text, args, 
     if "\n" in text:
         name = str(tmp_path / "x.toml")
         Path(name).write_text(text)
-    line = one_line_error(capsys, [name, *args])
+    line = cli_error_line(capsys, ["sweep", name, *args])
     for fragment in fragments:
         assert fragment in line
 
 
 def test_without_dask_the_cluster_option_says_what_to_install(mixed, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
-    line = one_line_error(capsys, [str(mixed), "--rates", "2", "--cluster", "tcp://127.0.0.1:8786"])
+    line = cli_error_line(capsys, ["sweep", str(mixed), "--rates", "2", "--cluster", "tcp://127.0.0.1:8786"])
     assert "--cluster needs dask.distributed" in line and "[cluster]" in line
 
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from factories import cli_error_line
 
 from coopsched.cli import main as cli
 from coopsched.core import MODES
@@ -280,33 +281,24 @@ BAD = [  # id, scenario text, files beside it, fragments the message must hold
 ]
 
 
-def one_line_error(capsys, args) -> str:
-    assert cli(["run", *args]) == 2
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    lines = out.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), out
-    return lines[0]
-
-
 @pytest.mark.parametrize(("text", "files", "fragments"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_bad_input_is_one_line_naming_the_value(tmp_path, capsys, text, files, fragments):
     for name, content in files.items():
         (tmp_path / name).write_text(content)
-    line = one_line_error(capsys, [str(write(tmp_path, text)), "--mode", "slice"])
+    line = cli_error_line(capsys, ["run", str(write(tmp_path, text)), "--mode", "slice"])
     for fragment in fragments:
         assert fragment in line
 
 
 def test_unknown_name_lists_the_scenarios_and_says_a_path_works(capsys):
-    line = one_line_error(capsys, ["no-such-scenario"])
+    line = cli_error_line(capsys, ["run", "no-such-scenario"])
     assert "unknown scenario 'no-such-scenario'" in line
     assert all(name in line for name in scenario.available()) and "path" in line
 
 
 def test_a_missing_toml_path_prints_that_path(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    line = one_line_error(capsys, ["missing/load.toml"])
+    line = cli_error_line(capsys, ["run", "missing/load.toml"])
     assert "scenario file not found: missing/load.toml" in line
 
 
