@@ -46,13 +46,14 @@ def pct(samples, q) -> float | None:
 
 
 # -- a minimal streaming client: raw asyncio sockets, the shared event decoding ------------------
-async def stream_one(host: str, port: int, body: dict, t0_ns: int) -> dict:
+async def post_stream(host: str, port: int, body: dict) -> tuple[int, list]:
+    """POST /v1/completions on a raw socket: when the request was written (ns) and each event as read."""
     reader, writer = await asyncio.open_connection(host, port)
     payload = json.dumps(body).encode()
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
     await writer.drain()
-    sent = (time.perf_counter_ns() - t0_ns) / 1e9
+    sent_ns = time.perf_counter_ns()
     arrivals = []
     while True:
         line = await reader.readline()
@@ -62,29 +63,21 @@ async def stream_one(host: str, port: int, body: dict, t0_ns: int) -> dict:
         if item is not None:
             arrivals.append(item)
     writer.close()
+    return sent_ns, arrivals
+
+
+async def stream_one(host: str, port: int, body: dict, t0_ns: int) -> dict:
+    sent_ns, arrivals = await post_stream(host, port, body)
     counts = client.token_counts(arrivals)  # a multi-token event is one arrival of n tokens
     times = metrics.token_times([(a.time_ns - t0_ns) / 1e9 for a in arrivals], counts)
-    return {"sent": sent, "arrivals": times, "completion_tokens": len(times)}
+    return {"sent": (sent_ns - t0_ns) / 1e9, "arrivals": times, "completion_tokens": len(times)}
 
 
 async def stream_stamped(host: str, port: int, body: dict) -> list[tuple[int, int, int]]:
     """(tick end, written, read) ns of every token of one stream (the server stamps each event)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    payload = json.dumps({**body, "return_tick_times": True, "return_token_ids": True}).encode()
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
-    await writer.drain()
-    out = []
-    while True:
-        line = await reader.readline()
-        item = client.decode_line(line, time.perf_counter_ns()) if line else client.DONE
-        if item is client.DONE:
-            break
-        if item is not None and item.n_tokens:
-            stamps = item.event["coopsched"]
-            out += [(stamps["tick_end_ns"], stamps["sent_ns"], item.time_ns)] * item.n_tokens
-    writer.close()
-    return out
+    _, arrivals = await post_stream(host, port, {**body, "return_tick_times": True, "return_token_ids": True})
+    return [(item.event["coopsched"]["tick_end_ns"], item.event["coopsched"]["sent_ns"], item.time_ns)
+            for item in arrivals for _ in range(item.n_tokens)]
 
 
 def server_added(streams=(1, 16, 64), max_tokens: int = 200, decode_ms: float = 5.0) -> dict:
