@@ -13,7 +13,8 @@ p99 <= 1.5 b + 5 ms and every classic gap <= 1.5 (b + slice 0) + 10 ms. A server
 reports no costs is calibrated first: each kind streams alone 3 times, then TTFT and every gap
 of every request must stay within 3 x the worst solo figure + 25 ms (the rule of `--target`).
 A wait over a limit fails the run only if the stall rule (harness/live/stalls.py) charges it.
-No samples of a kind: neither pass nor fail (`ok` null, `missing` names the kind, exit 2).
+No samples of a kind: neither pass nor fail (`ok` null, `missing` names the kind, exit 2),
+unless requests failed: failed requests fail the run, samples or not.
 With no --host a mock server (--decode-ms 5 --round-ms 30) runs on a free loopback port.
 Workers send their raw samples to the master with each stats report. Exit status: 0 pass,
 1 fail (bound or failed requests), 2 a kind without samples.
@@ -272,8 +273,8 @@ def finish(environment) -> dict:
     # locust's own stats carry each request's gap count (response_length) by a separate path
     report["locust_reported_gaps"] = {k: environment.stats.get(f"{k} stream", "SSE").total_content_length
                                       for k in KINDS}
-    if report["ok"] is not None:
-        report["ok"] = report["ok"] and report["locust_failures"] == 0
+    if report["locust_failures"]:  # a failed request fails the run, whatever the samples say
+        report["ok"] = False
     report["verdict"] = {True: "pass", False: "fail", None: "no samples"}[report["ok"]]
     report["per_request"] = SAMPLES.data["per_request"]
     path = Path(options.report_json)

@@ -102,6 +102,15 @@ def test_a_kind_without_samples_is_neither_pass_nor_fail(tmp_path):
     assert report["samples"]["classic"] > 0 and "spec" in report["rule"]
 
 
+def test_failed_requests_fail_the_run_even_without_samples(tmp_path):
+    code, report, output = run_locust(tmp_path, "--headless", "--only-summary", "-u", "2", "-r", "2", "-t", "2s",
+                                      "--host", f"http://127.0.0.1:{free_port()}",  # nothing listens there
+                                      "--bound-ms", "35", "--slice0-ms", "5")
+    assert code == 1, output[-3000:]
+    assert report["ok"] is False and report["verdict"] == "fail" and report["locust_failures"] > 0
+    assert sorted(report["missing"]) == ["classic", "spec"]
+
+
 def test_distributed_run_merges_every_worker_sample(tmp_path):
     report_path = tmp_path / "report.json"
     port = str(free_port())
