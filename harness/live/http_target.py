@@ -363,7 +363,7 @@ def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *,
 
 def _request_json(o: Streamed, seed: int) -> dict:
     times = [round(t, 3) for t in o.token_times_ms]
-    return {"id": o.spec.id, "server_id": o.server_id, "speculative": o.is_speculative,
+    return {"id": o.spec.id, "server_id": o.server_id, "speculative": o.is_speculative, "eligible": o.spec.speculative,
             "prompt_token_ids": list(o.spec.prompt_tokens(seed)), "token_ids": list(o.token_ids),
             "num_tokens": len(times), "token_times_ms": times, "arrival_ms": round(o.sent_ms, 3),
             "tick_end_ms": _tick_ends_ms(o),
@@ -383,14 +383,15 @@ def to_trace(scenario, outs, solo, checks, seed, url, health, model) -> dict:
     requests = [_request_json(o, seed) for o in outs]
     trace = {"scenario": scenario.name, "mode": health.get("mode") or "external", "clock": "real", "seed": seed,
              "target": url, "server": {"model": model, "health": health or None},
-             "requests": requests, "checks": checks,
+             "requests": requests, "ticks": [], "bursts": [], "checks": checks,
              "throughput": metrics.throughput([{**r, "token_ids": [0] * r["num_tokens"]} for r in requests])}
     if solo:
         trace["solo"] = {i: {"ttft_ms": s.ttft_ms, "stall_ms": s.stall_ms, "num_tokens": s.num_tokens,
                              "runs": len(s.runs)} for i, s in solo.items()}
-    bursts = [{**o.burst, "seq_id": o.spec.id, "server_seq_id": o.burst.get("seq_id")} for o in outs if o.burst]
-    if bursts:  # only a server that reports BurstFinalized records (coopsched serve) has them
-        trace["bursts"] = bursts
+    # a server's ticks are not visible over HTTP (its per-token tick stamps are in `tick_end_ms`);
+    # only a server that reports BurstFinalized records (coopsched serve) has bursts
+    trace["bursts"] = [{**o.burst, "seq_id": o.spec.id, "server_seq_id": o.burst.get("seq_id")}
+                       for o in outs if o.burst]
     return trace
 
 

@@ -19,7 +19,7 @@ SPEC_DETAILS = ("slice0", "window", "burst")
 
 def _spec_ends(trace: dict) -> list[float]:
     spec = {r["id"] for r in trace["requests"] if r["speculative"]}  # a chunk tick may be a slice 0's
-    return [t["end_ms"] for t in trace.get("ticks", ())  # a --target trace may have none
+    return [t["end_ms"] for t in trace["ticks"]  # empty in a --target trace
             if t["action"] in ("spec_round", "fused") or t.get("detail") in SPEC_DETAILS
             or (t.get("detail") == "chunk" and t["request_ids"][0] in spec)]
 
