@@ -9,7 +9,7 @@ off for parity, the legacy burst for the burst_wall ratio) and the checks.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coopsched.clock import ManualClock
 from coopsched.core import Request, Scheduler, SchedulerConfig, TickRecord
@@ -53,6 +53,12 @@ def mock_backend(clock, scenario: Scenario, seed: int, profile: CostModel | None
     fallback = DEFAULT_ACCEPT_PROB if cost.accept_prob is None else cost.accept_prob
     drafter = MockDrafter(mock.get("accept_prob", fallback), seed=seed, scripts=scripts)
     return MockBackend(clock, cost, target, drafter)
+
+
+def priced(scenario: Scenario, profile: CostModel) -> Scenario:
+    """The scenario with a cost profile under its own [cost] keys (which still win): the mock
+    `mock_backend(..., profile)` builds, carried by the scenario (a sweep ships it to workers)."""
+    return replace(scenario, cost={**profile.to_json(), **scenario.cost})
 
 
 def scenario_cost(scenario: Scenario, seed: int, profile: CostModel | None = None) -> CostModel:

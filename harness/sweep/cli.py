@@ -21,12 +21,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from coopsched.core import MODES
-from harness.run import scenario
+from harness.run import runner, scenario
 from harness.run import slo as slo_module
 from harness.run.scenario import Scenario
 from harness.run.slo import Slo
 from harness.sweep import dispatch, points
 from harness.sweep.points import SweepError
+from mocks import CostModel
 
 DEFAULT_SLO = slo_module.parse_slo(slo_module.DEFAULT_SLO)
 DEFAULT_SEEDS = 3  # capacity is a mean over seeds: one Poisson draw can flatter or punish a load
@@ -61,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", metavar="J", help="local worker processes (default 1; same result for any J)")
     parser.add_argument("--cluster", metavar="tcp://HOST:PORT", help="run the points on this Dask scheduler")
     parser.add_argument("--target", metavar="URL", help="run each point in real time against this server")
+    parser.add_argument("--cost", type=Path, metavar="PROFILE.json",
+                        help="price the mock with this cost profile (coopsched calibrate): a server's digital twin")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Settings:
     jobs: int = 1
     cluster: str | None = None
     target: str | None = None
+    cost: str | None = None                # the cost profile's path (the scenario is already priced by it)
 
 
 def parse_loads(option: str, text: str) -> tuple[int | float, ...]:
@@ -132,8 +136,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise SweepError("--out draws its PNGs with matplotlib: pip install -e '.[bench]'") from None
     scen = scenario.load(args.name)
     points.check_sweepable(scen, kind)
+    if args.cost is not None:
+        if args.target:
+            raise SweepError(f"--cost {args.cost} prices the virtual-time mock, and a --target sweep measures the "
+                             "server itself: drop one")
+        scen = runner.priced(scen, CostModel.load(args.cost))
     return Settings(scen, kind, loads, modes, parse_count("--seeds", args.seeds), slo_module.parse_slo(args.slo),
-                    slo_module.parse_attainment(args.attainment), jobs, args.cluster, args.target)
+                    slo_module.parse_attainment(args.attainment), jobs, args.cluster, args.target,
+                    None if args.cost is None else str(args.cost))
 
 
 class Sweep:
@@ -175,6 +185,8 @@ def result(s: Settings, done: list[dict], target: str | None = None) -> dict:
            "loads": list(s.loads), "seeds": s.seeds}
     if target:
         out["target"] = target
+    if s.cost:
+        out["cost_profile"] = s.cost
     return {**out, "points": done, "summary": points.summary(done), "capacity": points.capacity(done, s.attainment)}
 
 

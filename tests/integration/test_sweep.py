@@ -18,6 +18,7 @@ from harness.run import runner, scenario
 from harness.run.slo import Slo
 from harness.sweep import cli as sweep_cli
 from harness.sweep import points
+from mocks import CostModel
 
 # poisson-mix's shape, 40 requests: the legacy burst stalls classic rows behind whole requests
 MIXED = mixed_workload(40, accept_prob=0.6)
@@ -95,6 +96,31 @@ def test_the_json_holds_the_contract_keys(mixed, tmp_path, capsys):
     assert "capacity (highest load" in out_text and "slice" in out_text
 
 
+def test_a_cost_profile_prices_every_point_on_any_worker(mixed, tmp_path):
+    """--cost prices the mock like a calibrated server: the same points as the profile's terms written
+    into the workload's own [cost] table, shipped to worker processes too, and unlike the default mock's."""
+    slow = CostModel.simple(decode_ms=20.0, round_ms=120.0)
+    profile = tmp_path / "slow.json"
+    profile.write_text(json.dumps(slow.to_json()))
+    args = ["--rates", "2,6", "--mode", "slice", "--seeds", "1", "--slo", "itl_ms=250"]
+
+    def points_of(path: Path, *extra: str) -> tuple[dict, list]:
+        out = tmp_path / "s.json"
+        assert cli(["sweep", str(path), *args, *extra, "--json", str(out)]) == 0
+        got = json.loads(out.read_text())
+        return got, got["points"]
+
+    priced, priced_points = points_of(mixed, "--cost", str(profile), "--jobs", "2")
+    assert priced["cost_profile"] == str(profile)
+    inline = tmp_path / "inline.toml"
+    inline.write_text(MIXED + "[cost]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in slow.to_json().items()
+                                                   if v is not None and k != "seed"))
+    assert points_of(inline)[1] == priced_points
+    default, default_points = points_of(mixed)
+    assert "cost_profile" not in default
+    assert all(p["classic_itl_p50_ms"] > d["classic_itl_p50_ms"] for p, d in zip(priced_points, default_points))
+
+
 def test_a_concurrency_sweep_runs_closed_loops(mixed):
     scen = scenario.load(str(mixed))
     (task,) = points.plan(scen, "concurrency", (3,), ("slice",), 1, ITL_SLO)
@@ -147,6 +173,10 @@ BAD = [  # id, arguments after the scenario (None: the mixed file), fragments of
     ("target-and-cluster", ["--rates", "2", "--target", "http://127.0.0.1:1", "--cluster", "tcp://h:1"],
      ["drop --cluster"]),
     ("target-not-http", ["--rates", "2", "--target", "ftp://example"], ["--target 'ftp://example'", "http://HOST:PORT"]),
+    ("cost-and-target", ["--rates", "2", "--cost", "p.json", "--target", "http://127.0.0.1:1"],
+     ["--cost p.json prices the virtual-time mock", "drop one"]),
+    ("cost-unreadable", ["--rates", "2", "--cost", "no-such-profile.json"],
+     ["cannot read cost profile no-such-profile.json"]),
     ("target-unreachable", ["--rates", "2", "--target", f"http://127.0.0.1:{DEAD_PORT}"],
      [f"--target http://127.0.0.1:{DEAD_PORT}: no server answered"]),
 ]
