@@ -66,6 +66,18 @@ def test_burst_mode_fails_it_as_it_must_and_batched_admission_changes_no_token()
     assert checks(trace)["parity"]["ok"] and checks(trace)["prefill_stall"]["ok"]
 
 
+def test_a_burst_with_no_classic_row_to_stall_is_skipped_not_passed():
+    """On a fast profile the classic rows are done before the long speculative prompt arrives: the
+    must-fail check has nothing to catch and says so, where before it "held" and failed the run."""
+    fast = CostModel.simple(decode_ms=1.0, round_ms=2.0, prefill_ms_per_token=0.02)
+    trace = runner.run_scenario(scenario.load("long-prompt"), "burst",
+                                backend_factory=lambda clock, scen, seed: runner.mock_backend(clock, scen, seed, fast))
+    stall = checks(trace)["prefill_stall"]
+    assert stall["skipped"] and stall["ok"] and "no classic row to stall" in stall["note"]
+    spec_admit = next(t for t in trace["ticks"] if t["request_ids"] == ["long-spec"])
+    assert all(r["token_times_ms"][-1] < spec_admit["start_ms"] for r in trace["requests"] if not r["speculative"])
+
+
 def test_the_long_prompts_benchmark_twins_differ_only_in_chunking_and_chunking_meets_the_slo_more():
     """tests/bench/workloads/long-prompts*.toml: what a capacity sweep compares (poisson, lognormal
     prompts of mean 512 tokens); at 2 requests/s on the default mock, chunks of 256 raise the share
