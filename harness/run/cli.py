@@ -93,6 +93,8 @@ def main(args: argparse.Namespace) -> int:
     names = args.names or scenario.available()
     try:
         scenarios = [scenario.load(n) for n in names]
+        for warning in runner.gate_warnings(scenarios):  # as `coopsched serve` logs them; the run goes on
+            print(f"warning: {warning}", file=sys.stderr)
         if args.target:
             from harness.live.http_target import run_against_target
             traces = [run_against_target(s.for_seed(args.seed), args.target, args.seed, console) for s in scenarios]

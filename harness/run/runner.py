@@ -8,7 +8,7 @@ off for parity, the legacy burst for the burst_wall ratio) and the checks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from coopsched.clock import ManualClock
@@ -73,6 +73,11 @@ def scenario_config(scenario: Scenario, mode: str | None, options: dict | None =
     if mode is not None:
         overrides["mode"] = mode
     return Gates.from_env(scenario.gates).scheduler_config(**overrides)
+
+
+def gate_warnings(scenarios: Iterable[Scenario]) -> list[str]:
+    """What the gates kept a default for (an unparseable value), once each, for these scenarios."""
+    return list(dict.fromkeys(w for s in scenarios for w in Gates.from_env(s.gates).warnings))
 
 
 def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,

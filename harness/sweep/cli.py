@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +137,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise SweepError("--out draws its PNGs with matplotlib: pip install -e '.[bench]'") from None
     scen = scenario.load(args.name)
     points.check_sweepable(scen, kind)
+    for warning in runner.gate_warnings([scen]):  # the configs are built here, from this environment
+        print(f"warning: {warning}", file=sys.stderr)
     if args.cost is not None:
         if args.target:
             raise SweepError(f"--cost {args.cost} prices the virtual-time mock, and a --target sweep measures the "

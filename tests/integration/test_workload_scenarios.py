@@ -327,3 +327,13 @@ def test_the_benchmark_workloads_load(name, num):
     assert scen.scheduler == {"max_batch_size": 32, "num_kv_slots": 64}
     assert scen.checks == {"parity": False, "vs_burst": False}  # one scheduler run, kv_released only
     assert not scen.runs_reference("parity") and not scen.runs_reference("vs_burst")
+
+
+@pytest.mark.parametrize("argv", [["run", "concurrency2"], ["sweep", "poisson-mix", "--rates", "4", "--mode", "slice",
+                                                           "--seeds", "1"]], ids=["run", "sweep"])
+def test_an_unparseable_gate_warns_on_stderr_and_the_run_goes_on(argv, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # a sweep stores reports/sweeps/latest.json here
+    monkeypatch.setenv("MLXCEL_DRAFT_BLOCK_SIZE", "eight")
+    assert cli(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: MLXCEL_DRAFT_BLOCK_SIZE='eight' is not an integer; keeping K=4") == 1
