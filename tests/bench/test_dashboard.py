@@ -3,7 +3,7 @@
 The exported names come from the server itself: `Metrics().render()` is the body
 `GET /metrics` serves, parsed with prometheus_client's own parser. Without the
 server's dependencies (prometheus_client), the test falls back to the names in
-CONTRACTS ("Prometheus names"), copied below.
+the README's `/metrics` list, copied below.
 """
 
 from __future__ import annotations
