@@ -93,13 +93,17 @@ def main(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s", stream=sys.stderr)
     for name, least in (("max_context", 1), ("max_queue", 1), ("max_batch_size", 1), ("num_slots", 1),
-                        ("max_batch_prefill", 1), ("prefill_chunk_tokens", 0)):
+                        ("max_batch_prefill", 1), ("prefill_chunk_tokens", 0), ("port", 0), ("decode_ms", 0),
+                        ("round_ms", 0), ("prefill_ms_per_token", 0)):
         if getattr(args, name) < least:
             print(f"error: --{name.replace('_', '-')}={getattr(args, name)} must be >= {least}", file=sys.stderr)
             return 2
+    if args.port > 65535:
+        print(f"error: --port={args.port} must be at most 65535 (0 picks a free port)", file=sys.stderr)
+        return 2
     try:
         host = build_host(args)
-    except (GateError, ValueError) as exc:
+    except (GateError, ValueError, FileNotFoundError) as exc:  # a bad knob, gate or model directory
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # bind first so --port 0 works and the real port is printed before the first request

@@ -99,6 +99,13 @@ class Target:
             raise ValueError(f"--target {url!r}: want http://HOST:PORT") from None
         self.url = url if "://" in url else f"http://{url}"
 
+    def ping(self) -> None:
+        """A ValueError naming the URL when no server answers: before any request is sent or timed."""
+        try:
+            client.request(self.url, "GET", "/v1/models", timeout_s=5)
+        except OSError as exc:
+            raise ValueError(f"--target {self.url}: no server answered ({exc})") from None
+
     def get_json(self, path: str) -> dict | None:
         return client.get_json(self.url, path, timeout_s=10)
 
@@ -315,7 +322,10 @@ def solo_checks(outs: list[Streamed], solo: dict[str, Solo]) -> list[dict]:
         detail = "; ".join(f"{o.spec.id}: {figure(o):.1f} vs {solo_limit(figure(solo[o.spec.id])):.1f}" for o in outs
                            if figure(o) is not None and figure(solo[o.spec.id]) is not None)
         out.append(_charged_check(name, waits, outs, rule, f"{SOLO_RULE}; {detail}"))
-    greedy = [o for o in outs if o.spec.temperature == 0 and not o.error]
+    greedy = [o for o in outs if o.spec.temperature == 0 and not o.error and _tokens(o)]
+    if not greedy:  # nothing streamed to compare: not a pass (`completed` says what failed)
+        out.append(check("parity_vs_solo", None, None, None, note="no greedy request streamed any output"))
+        return out
     mismatched = [o.spec.id for o in greedy if _tokens(o) != _tokens(solo[o.spec.id])]
     out.append(check("parity_vs_solo", not mismatched, len(mismatched), 0,
                      note="greedy output together equals alone" + (f": {mismatched}" if mismatched else "")))
@@ -335,6 +345,7 @@ def completion_check(outs: list[Streamed]) -> dict:
 # -- the trace ------------------------------------------------------------------------
 def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *, warm: bool = True) -> dict:
     target = Target(url)
+    target.ping()
     health = target.get_json("/health") or {}
     models = (target.get_json("/v1/models") or {}).get("data") or []
     model = models[0].get("id") if models else None  # no listed model: leave `model` out

@@ -106,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
             traces = [runner.run_scenario(s, m, args.seed, backend_factory=factory, clock_factory=clock,
                                           options=options)
                       for s in scenarios for m in modes_for(args, bare)]
-    except (GateError, ValueError) as exc:  # one line, as written: no markup, no wrapping
+    except (GateError, ValueError, FileNotFoundError) as exc:  # one line, as written: no markup, no wrapping
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         return 2
     ratios_against_printed_burst(traces)

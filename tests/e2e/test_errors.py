@@ -178,3 +178,16 @@ def test_queue_full_is_429():
         finally:
             thread.join(timeout=30)
         assert first["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--port", "99999"], "error: --port=99999 must be at most 65535 (0 picks a free port)"),
+    (["--port", "-1"], "error: --port=-1 must be >= 0"),
+    (["--decode-ms", "-1"], "error: --decode-ms=-1.0 must be >= 0"),
+    (["--backend", "mlx", "--model", "/no/such/model"], "error: /no/such/model is not a model directory"),
+], ids=["port-too-high", "port-negative", "decode-negative", "mlx-model-missing"])
+def test_bad_serve_options_are_one_line_before_anything_starts(args, line, capsys):
+    from coopsched.cli import main as cli
+    assert cli(["serve", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and "Traceback" not in err and err.count("\n") == 1

@@ -337,3 +337,10 @@ def test_an_unparseable_gate_warns_on_stderr_and_the_run_goes_on(argv, capsys, m
     assert cli(argv) == 0
     err = capsys.readouterr().err
     assert err.count("warning: MLXCEL_DRAFT_BLOCK_SIZE='eight' is not an integer; keeping K=4") == 1
+
+
+def test_a_target_where_nothing_listens_is_one_line(capsys):
+    from harness.live.client import free_port
+    port = free_port()  # nothing listens there
+    line = cli_error_line(capsys, ["run", "concurrency2", "--target", f"http://127.0.0.1:{port}"])
+    assert f"--target http://127.0.0.1:{port}: no server answered" in line
