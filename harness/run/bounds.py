@@ -51,10 +51,6 @@ class Terms:
     tick_ms: dict = field(default_factory=dict)        # tick index -> a chunk tick's or batched admission's prefill
     spec_chunk_ms: dict = field(default_factory=dict)  # per speculative request: its costliest chunk of slice 0
 
-    @property
-    def spec_action_ms(self) -> float:
-        return max([self.round_ms, *self.slice0_ms.values()])
-
 
 def is_job_admission(run, tick) -> bool:
     """A tick that admitted a speculative job: its slice 0 whole, or the first chunk of it."""
@@ -101,7 +97,6 @@ def worst_gap(pairs) -> tuple[float, float] | None:
 def terms_of(run) -> Terms:
     windows = {rid: t.request_ids for t in run.ticks if t.kind.is_spec_admission
                for rid in t.request_ids}
-    num_classic = sum(not r.served_speculatively for r in run.requests)
     widest = widest_job(run)
     k = run.config.block_size
     if run.cost is not None:
@@ -111,8 +106,8 @@ def terms_of(run) -> Terms:
         prefill = {rid: cost.prefill(n) for rid, n in prompt.items()}
         tick_ms = prefill_ticks(run, cost)
         # a round between classic steps also pays the path switch into it and out of it
-        return Terms(cost.decode(max(num_classic, 1)), cost.round(k, widest) + 2 * cost.switch_ms, slice0, prefill,
-                     cost.max_jitter_factor, tick_ms, spec_chunks(run, tick_ms))
+        return Terms(cost.decode(largest_decode_batch(run)), cost.round(k, widest) + 2 * cost.switch_ms, slice0,
+                     prefill, cost.max_jitter_factor, tick_ms, spec_chunks(run, tick_ms))
     # Real backend with no cost model: the classic and round terms from decode and round
     # ticks (never prefill ticks, where a burst hides), with the real-time allowance.
     walls = lambda action: [t.wall_ms for t in run.ticks
@@ -127,6 +122,11 @@ def terms_of(run) -> Terms:
     prefill = {t.request_ids[0]: t.wall_ms for t in run.ticks if t.kind is TickKind.ADMIT}
     tick_ms = prefill_ticks(run, None)
     return Terms(decode, round_ms, slice0, prefill, REAL_TIME_ALLOWANCE, tick_ms, spec_chunks(run, tick_ms))
+
+
+def largest_decode_batch(run) -> int:
+    """The most classic rows one decode step served (the batch a classic gap's decode is priced at)."""
+    return max((len(t.request_ids) for t in run.ticks if t.kind is TickKind.DECODE), default=_num_classic_rows(run))
 
 
 def gap_ticks(run, kinds):
@@ -145,28 +145,34 @@ ADMISSIONS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST, TickKi
 
 def classic_gaps(run, terms: Terms):
     """Every classic inter-token gap (ms) with the admission work inside it: slice 0s, classic
-    prefills, chunks (each a tick's own prefill, classic or speculative)."""
+    prefills, chunks (each a tick's own prefill, classic or speculative); and how many Prefill
+    actions it holds (admissions, slice 0 of the queue head, parked waiters: unchunked, each clears
+    the yield flag, so one more round may follow it)."""
     ticks, priced = run.ticks, terms.tick_ms
-    for gap, inside in gap_ticks(run, ADMISSIONS):
+    for gap, inside in gap_ticks(run, ADMISSIONS | {TickKind.PARK}):
         whole = [ticks[i] for i in inside if i not in priced]
         extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind.is_spec_admission)
         extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind is TickKind.ADMIT)
         extra += sum(priced[i] for i in inside if i in priced)
-        yield gap, extra
+        yield gap, extra, sum(ticks[i].action is ActionKind.PREFILL for i in inside)
 
 
 def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
-    """Every classic gap <= decode + A x (one speculative action), + slice 0 once at admission.
+    """Every classic gap <= decode + A rounds, + slice 0 at admission (a speculative prompt's slice 0
+    counts only in the gap that holds it), + one round per Prefill action in the gap when prefill
+    is not chunked: each clears the yield flag, so a round may follow it (upstream's rule).
 
     Classic admissions inside a gap (other rows' prefills) are classic work and add their cost.
     """
     expect = "pass" if run.config.is_sliced else "fail"
-    base = terms.decode_ms + spec_actions_per_gap * terms.spec_action_ms
-    worst = worst_gap((gap, (base + extra) * terms.factor) for gap, extra in classic_gaps(run, terms))
+    earns = 0 if run.config.is_chunked else 1  # chunked: a prefill keeps the flag while decode rows wait
+    worst = worst_gap((gap, (terms.decode_ms + (spec_actions_per_gap + earns * prefills) * terms.round_ms + extra)
+                       * terms.factor) for gap, extra, prefills in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, expect, "no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
-                 f"decode + {spec_actions_per_gap} spec action(s), + slice 0 at admission")
+                 f"decode + {spec_actions_per_gap} round(s) (+ 1 per unchunked Prefill action in the gap), "
+                 "+ slice 0 at admission")
 
 
 def _num_classic_rows(run) -> int:
@@ -200,7 +206,7 @@ def budget_floor_ms(run, terms: Terms) -> float:
 
 def fused_gap_check(run, terms: Terms) -> dict:
     step = fused_step_ms(run)
-    worst = worst_gap((gap, (step + extra) * terms.factor) for gap, extra in classic_gaps(run, terms))
+    worst = worst_gap((gap, (step + extra) * terms.factor) for gap, extra, _ in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, note="no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1],
@@ -211,7 +217,7 @@ def budget_gap_check(run, terms: Terms) -> dict:
     budget = run.config.hol_budget_ms
     floor = budget_floor_ms(run, terms)
     worst = worst_gap((gap, max(budget, terms.decode_ms + extra, floor) * terms.factor)
-                   for gap, extra in classic_gaps(run, terms))
+                   for gap, extra, _ in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, note="no classic gaps")
     note = f"hol budget {budget:g} ms" + (f" (below the floor {floor:.3f} ms)" if floor > budget else "")

@@ -55,6 +55,67 @@ def test_slice_check_fails_when_the_yield_flag_is_never_set(monkeypatch):
     assert not checks["classic_itl"]["ok"]
 
 
+def two_rounds_per_classic_action(real):
+    """A planted regression: under contention the job takes a second round before each classic action."""
+    from coopsched.core.types import ActionKind
+
+    taken = {"extra": False}
+
+    def decide(state):
+        if state.has_spec_work and state.last_was_spec and state.num_running > 0 and not taken["extra"]:
+            taken["extra"] = True
+            return ActionKind.SPEC_ROUND
+        action = real(state)
+        if action is not ActionKind.SPEC_ROUND:
+            taken["extra"] = False
+        return action
+    return decide
+
+
+LONG_SPEC_PROMPT = """[checks]
+classic_itl = {}
+
+[[requests]]
+id = "classic"
+max_tokens = 96
+speculative = false
+
+[[requests]]
+id = "spec"
+arrival_ms = 40
+prompt_len = 400
+max_tokens = 64
+"""
+
+
+@pytest.mark.parametrize("name", ["concurrency2", "rotation", "poisson-mix", "long-spec-prompt"])
+def test_classic_itl_catches_a_second_round_per_gap(name, monkeypatch, tmp_path):
+    """The slice bound allows one round per gap (+ one per Prefill in it, + slice 0 once, in its own
+    gap): a long speculative prompt, a parked waiter or arrivals during decode do not loosen the rest."""
+    from coopsched.core.modes import slice as slice_mode
+    path = tmp_path / f"{name}.toml"
+    path.write_text(LONG_SPEC_PROMPT)
+    scen = scenario.load(str(path) if name == "long-spec-prompt" else name)
+    assert checks_of(runner.run_scenario(scen, "slice"))["classic_itl"]["ok"]
+    monkeypatch.setattr(slice_mode, "decide_action", two_rounds_per_classic_action(slice_mode.decide_action))
+    check = checks_of(runner.run_scenario(scen, "slice"))["classic_itl"]
+    assert not check["ok"] and check["value"] > check["bound"]
+
+
+def test_the_decode_term_is_the_largest_batch_a_decode_served(tmp_path):
+    """Fifty classic requests one after another, one decoding at a time: a gap is priced at a
+    decode of one row, not fifty (nor the batch size)."""
+    from harness.run.bounds import largest_decode_batch, terms_of
+    specs = "".join(f'[[requests]]\nid = "c{i}"\narrival_ms = {400 * i}\nmax_tokens = 12\nspeculative = false\n\n'
+                    for i in range(50))
+    path = tmp_path / "sequential.toml"
+    path.write_text('[checks]\nclassic_itl = {}\n\n' + specs + '[[requests]]\nid = "spec"\nmax_tokens = 400\n')
+    scen = scenario.load(str(path))
+    run = runner.execute(scen, runner.scenario_config(scen, "slice"))
+    assert largest_decode_batch(run) == 1 and terms_of(run).decode_ms == run.cost.decode(1) < run.cost.decode(8)
+    assert checks_of(runner.run_scenario(scen, "slice"))["classic_itl"]["ok"]
+
+
 def test_burst_wall_slice_vs_legacy():
     scen = scenario.load("concurrency2")
     cost = runner.scenario_cost(scen, 0)
