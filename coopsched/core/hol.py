@@ -2,7 +2,8 @@
 
 A classic row with pending work (a decode-batch row, or a queued request) waits
 while a speculative tick runs; its wait is one sample per stretch of speculative
-ticks, ended by the next classic tick (which serves the batch and may admit).
+ticks, ended by the next classic tick (which serves the batch and may admit; a tick
+that only parks a waiter serves nobody and ends no wait).
 Queued requests wait in every speculative tick; batch rows in every one except a
 fused tick (which decodes them). Every batch row has waited the same since the
 batch was last served, every request queued before the stretch began the same,

@@ -229,8 +229,8 @@ class Scheduler(Admissions):
 
     def _book_hol(self, plan: Plan, outcome: Outcome, wall: float) -> int:
         """HOL waits of this tick; returns how many classic rows waited on its speculative work."""
-        if not outcome.spec_rows:
-            if plan.action is not ActionKind.IDLE and self._hol.has_waits:  # a classic tick: every wait ends
+        if not outcome.spec_rows:  # a classic tick ends every wait; a park (bookkeeping: nobody served) none
+            if plan.action is not ActionKind.IDLE and plan.kind is not TickKind.PARK and self._hol.has_waits:
                 self._hol_samples += self._hol.end_queue_wait(len(self.queue))
                 self._hol_samples += self._hol.end_batch_wait(len(self.running))
             return 0

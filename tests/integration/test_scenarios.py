@@ -153,6 +153,9 @@ def test_waiter_parking_quirk_is_reproduced_counted_and_visible():
     classic = next(r for r in trace["requests"] if r["id"] == "classic")
     gap_ends = [t for t in classic["token_times_ms"] if t > ticks[park]["end_ms"]]
     assert gap_ends and gap_ends[0] >= ticks[park + 1]["end_ms"]
+    # ... and the classic row's HOL wait spans both rounds: the park serves nobody, so ends no wait
+    both = sum(ticks[i]["end_ms"] - ticks[i]["start_ms"] for i in (park - 1, park + 1))
+    assert trace["observability"]["hol_wait_ms"]["max"] == pytest.approx(both)
 
 
 def test_cli_bare_run_and_json(tmp_path):
