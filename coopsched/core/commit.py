@@ -1,8 +1,9 @@
 """Committing sampled tokens to a request: the same rules for classic and speculative rows.
 
 Tokens are first truncated to the remaining budget; EOS is never committed;
-finish-reason ranking: stop string > EOS (`stop`) > budget (`length`). A stop
-string may end a request before `min_tokens` (the backend only keeps EOS out).
+finish-reason ranking: stop string > EOS (`stop`) > budget (`length`). As in vLLM,
+no stop string ends a request before `min_tokens`, and a stop string counts when it
+ends in the text the newest token added (one that ended earlier fell before `min_tokens`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ Detokenize = Callable[[Sequence[int]], str]
 
 
 def matches_stop(request: Request, detokenize: Detokenize) -> bool:
-    """Whether the output's tail now contains a stop string (each token is >= 1 char)."""
+    """Whether a stop string ends in the text the newest token added (each token is >= 1 char)."""
     if not request.stop:
         return False
     window = max(len(s) for s in request.stop) + 4
     tail = detokenize(request.output_token_ids[-window:])
-    return any(s in tail for s in request.stop)
+    added = len(tail) - len(detokenize(request.output_token_ids[-window:-1]))
+    return any(tail.find(s, max(len(tail) - added - len(s) + 1, 0)) != -1 for s in request.stop)
 
 
 def commit_tokens(request: Request, tokens: Sequence[int], eos_token_id: int,
@@ -34,7 +36,7 @@ def commit_tokens(request: Request, tokens: Sequence[int], eos_token_id: int,
             return committed, FinishReason.STOP
         output.append(token)
         committed.append(token)
-        if request.stop and matches_stop(request, detokenize):
+        if request.stop and len(output) >= request.sampling.min_tokens and matches_stop(request, detokenize):
             return committed, FinishReason.STOP
     if len(output) >= request.max_tokens:
         return committed, FinishReason.LENGTH

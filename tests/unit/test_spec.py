@@ -3,7 +3,7 @@
 import pytest
 from factories import make_backend, make_engine
 
-from coopsched.core import FinishReason, Request, accept_walk
+from coopsched.core import FinishReason, Request, SamplingParams, accept_walk
 from coopsched.core.policy import ActionKind
 from mocks import MockTarget
 
@@ -103,6 +103,19 @@ def test_stop_string_wins_and_ends_the_round():
     request = Request("s", PROMPT, max_tokens=64, stop=("cd",))
     scheduler.run([request])
     assert bytes(request.output_token_ids) == b"abcd"
+    assert request.finish_reason is FinishReason.STOP
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_a_stop_string_waits_for_min_tokens_and_an_earlier_match_does_not_count_later(speculative):
+    """vLLM's rule: "cd" at tokens 3-4 falls before min_tokens = 6 and never ends the request, not even
+    when min_tokens is reached; the next "cd" (tokens 9-10) does."""
+    target = MockTarget(scripts={PROMPT: [ord(c) for c in "abcdefghcdxyz"]})
+    scheduler = make_engine(make_backend(target=target, accept_prob=1.0))
+    request = Request("s", PROMPT, 64, SamplingParams(min_tokens=6), stop=("cd",),
+                      speculative=speculative)
+    scheduler.run([request])
+    assert bytes(request.output_token_ids) == b"abcdefghcd"
     assert request.finish_reason is FinishReason.STOP
 
 
