@@ -98,6 +98,11 @@ def evaluate(run, *, classic, burst) -> list[dict]:
             chunked = " or one chunk of it" if terms.spec_chunk_ms else ""
             out.append(check("burst_wall", value <= bound + EPS_MS, value, bound,
                              note=f"<= 1.05 x max({action}, slice 0{chunked})"))
+            # counts, not times: on a real clock without a cost model the bound above comes from the
+            # ticks themselves, and a tick that ran several rounds would set its own bound
+            most = max(bursts.values(), key=lambda b: b.rounds - b.slices)
+            out.append(check("rounds_per_slice", most.rounds <= most.slices - 1, most.rounds, most.slices - 1,
+                             note=f"{most.seq_id}: at most one round per slice after slice 0 (BurstFinalized)"))
             if burst is not None and burst.scheduler.obs.bursts:
                 whole = max(b.burst_wall_ms for b in burst.scheduler.obs.bursts)
                 out.append(check("burst_wall_vs_legacy", value <= whole / 5 + EPS_MS, value, whole / 5,

@@ -4,7 +4,7 @@ Stored again since: when each trace request gained `eligible`, and when the slic
 `classic_itl` became exact per gap (a round per Prefill in the gap, slice 0 only in its own gap,
 decode at the largest decode batch); each time a check showed nothing else moved. Then once more when
 a tick that only parks a waiter stopped ending HOL waits (only `observability.hol_wait_ms` of
-rotation and parity-b1 in slice mode moved).
+rotation and parity-b1 in slice mode moved), and when sliced runs gained the `rounds_per_slice` check.
 
 Regenerate only on purpose (a behaviour change someone decided on), with
 `python tests/integration/test_golden_traces.py` and a commit message that says why.
