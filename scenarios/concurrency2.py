@@ -37,6 +37,7 @@ from harness.live import client, solo, stalls
 from harness.run import metrics
 
 KINDS = ("classic", "spec")
+FAILURE_PAUSE_S = 0.25  # a user whose request failed waits this long before its next one
 # short prompts: slice 0 stays small, so admissions (slice 0 + round 1) do not dominate the p99
 PROMPTS = {"classic": "The classic row.", "spec": "Speculate, then verify."}
 MAX_TOKENS = {"classic": 128, "spec": 64}
@@ -131,6 +132,8 @@ class StreamingUser(User):
             failed, ended = repr(exc), True
         finally:  # also on GreenletExit when the run ends: what arrived is still a valid sample
             self._record(got, failed, cut=not ended)
+        if failed:  # a refused connection fails at once: pause rather than spin thousands of requests on it
+            gevent.sleep(FAILURE_PAUSE_S)
 
     def _record(self, got: client.Collected, failed: str | None, cut: bool) -> None:
         counts = got.counts
@@ -275,6 +278,10 @@ def finish(environment) -> dict:
                                       for k in KINDS}
     if report["locust_failures"]:  # a failed request fails the run, whatever the samples say
         report["ok"] = False
+        if report.get("missing"):
+            first = next((r["error"] for r in SAMPLES.data["per_request"] if r.get("error")), "see locust's stats")
+            report["rule"] = (f"{report['locust_failures']} request(s) failed (the first: {first}); "
+                              "no verdict on latency")
     report["verdict"] = {True: "pass", False: "fail", None: "no samples"}[report["ok"]]
     report["per_request"] = SAMPLES.data["per_request"]
     path = Path(options.report_json)

@@ -191,7 +191,7 @@ def parse_request(body: dict, *, is_chat: bool, encode: Callable[[str], list[int
     if not isinstance(include_usage, bool):
         raise _type_error("stream_options.include_usage", "a boolean", include_usage)
     if len(prompt) >= context_tokens:
-        raise ApiError(400, f"the prompt has {len(prompt)} tokens; this model's context is "
+        raise ApiError(400, f"the prompt has {_tokens(len(prompt))}; this model's context is "
                             f"{context_tokens} tokens (prompt + max_tokens must fit)",
                        param="messages" if is_chat else "prompt", code="context_length_exceeded")
     max_tokens_given = max_tokens is not None
@@ -199,7 +199,7 @@ def parse_request(body: dict, *, is_chat: bool, encode: Callable[[str], list[int
         default = DEFAULT_CHAT_MAX_TOKENS if is_chat else DEFAULT_MAX_TOKENS
         max_tokens = min(default, context_tokens - len(prompt))
     elif len(prompt) + max_tokens > context_tokens:
-        raise ApiError(400, f"the prompt has {len(prompt)} tokens and '{name}' asks for {max_tokens}; "
+        raise ApiError(400, f"the prompt has {_tokens(len(prompt))} and '{name}' asks for {max_tokens}; "
                             f"this model's context is {context_tokens} tokens",
                        param=name, code="context_length_exceeded")
     min_tokens = _parse_min_tokens(body, name, max_tokens, max_tokens_given)
@@ -282,3 +282,7 @@ def usage(num_prompt: int, num_completion: int) -> dict:
 def sse(payload: dict | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n"
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"

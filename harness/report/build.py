@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from coopsched.core import MODES
@@ -161,7 +162,8 @@ def headline(report: Report) -> str:
     return f"classic stall beside a speculative request ({TIMELINE_SCENARIO}): " + ", ".join(parts)
 
 
-def _verdicts(report: Report) -> list[tuple[bool, str, str]]:
+def _verdicts(report: Report) -> list[tuple[bool | None, str, str]]:
+    """(ok, title, text) per headline; ok None: nothing to judge yet (shown as "--", not a failure)."""
     info = gate.baseline_info(report.baseline_dir)
     failed, gated = report.failed_checks, report.gate_failures
     new = sorted({f.key.rsplit("/", 1)[0] for f in report.findings if f.verdict == "new"})
@@ -175,9 +177,13 @@ def _verdicts(report: Report) -> list[tuple[bool, str, str]]:
           f"every tracked metric within 1% of the {base}") + (f" (not gated yet: {', '.join(new)})" if new else "")
          + (f"; {better} better than it: `coopsched report --update-baseline` locks them in" if better else "")),
         (True, "stall", headline(report)),
-        (bool(report.runs), "history", f"{len(report.runs)} stored bench run(s) in the trends"),
+        (True, "history", f"{len(report.runs)} stored bench run(s) in the trends") if report.runs else
+        (None, "history", "no stored bench runs yet: each `tox -e bench` stores one for the trends"),
     ]
 
+
+VERDICT_WORD = {True: "ok", False: "FAIL", None: "--"}
+CARD_CLASS = {True: "ok", False: "bad", None: ""}
 
 CSS = """
 body{font-family:-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1560px;
@@ -277,7 +283,7 @@ def _sweep_section(report: Report) -> str:
 
 def render_html(report: Report) -> str:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    cards = "".join(f"<div class='card {'ok' if ok else 'bad'}'><b>{html.escape(title)}</b>{html.escape(text)}</div>"
+    cards = "".join(f"<div class='card {CARD_CLASS[ok]}'><b>{html.escape(title)}</b>{html.escape(text)}</div>"
                     for ok, title, text in _verdicts(report))
     gated = report.gate_failures
     gate_list = ("<ul>" + "".join(f"<li class='bad'>{html.escape(f.describe())}</li>" for f in gated) + "</ul>"
@@ -324,7 +330,7 @@ green better, blue not in the baseline yet.</p>{_metrics_table(report)}
 
 def render_markdown(report: Report) -> str:
     lines = ["# coopsched report", ""]
-    lines += [f"- **{title}**: {'ok' if ok else 'FAIL'}: {text}" for ok, title, text in _verdicts(report)]
+    lines += [f"- **{title}**: {VERDICT_WORD[ok]}: {text}" for ok, title, text in _verdicts(report)]
     lines += [f"  - {f.describe()}" for f in report.gate_failures]
     lines += ["", "## Tracked metrics (virtual time, seed 0)", "",
               "| scenario | mode | " + " | ".join(m.name for m in gate.TRACKED) + " |",
@@ -348,6 +354,10 @@ def render_markdown(report: Report) -> str:
 
 def main(args: argparse.Namespace) -> int:
     console = Console()
+    if args.sweep != SWEEP_STORE and not args.sweep.is_file():  # the default may be absent; a path given must not
+        console.print(f"[red]error:[/] --sweep {escape(str(args.sweep))}: no such file (a sweep JSON: coopsched "
+                      "sweep ... --json PATH)", soft_wrap=True, highlight=False)
+        return 2
     traces = collect_traces(args.seed, console)
     if args.update_baseline:
         written = gate.write_baseline(gate.metrics_of(traces), args.baseline, commit=git_commit(), seed=args.seed)
@@ -355,7 +365,8 @@ def main(args: argparse.Namespace) -> int:
                       soft_wrap=True)
     report = build(args.out, args.storage, args.baseline, args.seed, console, traces=traces, sweep_path=args.sweep)
     for ok, title, text in _verdicts(report):
-        console.print(f"{'[green]ok[/]' if ok else '[red]FAIL[/]'}  {title}: {text}", highlight=False, soft_wrap=True)
+        style = {True: "green", False: "red", None: "yellow"}[ok]
+        console.print(f"[{style}]{VERDICT_WORD[ok]}[/]  {title}: {text}", highlight=False, soft_wrap=True)
     for f in report.gate_failures:
         console.print(f"   [red]{f.verdict}[/] {f.describe()}", highlight=False, soft_wrap=True)
     if report.sweep is not None:

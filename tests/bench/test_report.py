@@ -179,3 +179,15 @@ def test_a_worsened_baseline_turns_the_gate_card_red_naming_the_metric(tmp_path)
     page = report.render_html(worse)
     assert "concurrency2/slice/classic_itl_p99_ms" in page and "card bad" in page
     assert "concurrency2/slice/classic_itl_p99_ms" in report.render_markdown(worse)
+
+
+def test_no_stored_runs_is_not_a_failure_and_a_missing_sweep_path_is_one_line(tmp_path, capsys):
+    traces = [runner.run_scenario(scenario.load("concurrency2"), "slice")]
+    fresh = report.build(tmp_path / "out", tmp_path / "no-runs", gate.BASELINE_DIR, 0, traces=traces)
+    history_verdict = next(v for v in report._verdicts(fresh) if v[1] == "history")
+    assert history_verdict[0] is None and "no stored bench runs yet" in history_verdict[2]
+    assert "**history**: --:" in (tmp_path / "out" / "summary.md").read_text()
+
+    assert cli.main(["report", "--out", str(tmp_path / "r"), "--sweep", str(tmp_path / "nothere.json")]) == 2
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "--sweep" in out and "nothere.json: no such file" in out
