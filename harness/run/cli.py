@@ -75,8 +75,8 @@ def backend_factory(args: argparse.Namespace):
 
 def print_table(console: Console, traces: list[dict]) -> None:
     table = Table(title="coopsched run", show_lines=False)
-    for col in ("scenario", "mode", "check", "value", "bound", "ok"):
-        table.add_column(col, justify="right" if col in ("value", "bound") else "left")
+    for col in ("scenario", "mode", "check", "value", "bound", "ok"):  # names wrap, never cut to "..."
+        table.add_column(col, justify="right" if col in ("value", "bound") else "left", overflow="fold")
     for trace in traces:
         for c in trace["checks"]:
             fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
@@ -89,6 +89,8 @@ def print_table(console: Console, traces: list[dict]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console()
+    if not console.is_terminal:  # a log or a pipe: the table's full width, not 80 columns
+        console = Console(width=max(console.width, 132))
     bare = not args.names and args.mode is None and args.json is None
     names = args.names or scenario.available()
     try:
