@@ -70,13 +70,18 @@ class Engine:
         self._wake = threading.Event()
         self._stop = threading.Event()
 
-    def step(self) -> Committed:
-        """One tick: plan exactly one action, run it, commit it, timed by the injected clock."""
+    def step(self, join: Callable[[float, float], None] | None = None) -> Committed:
+        """One tick: plan exactly one action, run it, commit it, timed by the injected clock.
+
+        `join(start_ms, end_ms)` submits the requests that arrived while the tick ran, before its
+        commit: they waited on this tick from their arrival, and its books (HOL) count them."""
         scheduler, clock, on_event = self.scheduler, self.clock, self.on_event
         plan = scheduler.schedule()
         start = clock.now()
         outcome = self.executor.run(plan)
         end = clock.now()
+        if join is not None:
+            join(start, end)
         committed = scheduler.commit(plan, outcome, start, end)
         if on_event:
             for event in committed.events:
@@ -90,6 +95,11 @@ class Engine:
         pending = arrivals if isinstance(arrivals, Arrivals) else Arrivals(arrivals)
         result = RunResult()
         scheduler, clock, ticks = self.scheduler, self.clock, result.ticks
+
+        def join(start_ms: float, end_ms: float) -> None:
+            while pending and pending.next_ms() < end_ms:
+                request = pending.pop()
+                scheduler.submit(request, request.arrival_ms - start_ms)
         while pending or scheduler.has_work:
             now = clock.now()
             while pending and pending.next_ms() <= now:
@@ -103,7 +113,7 @@ class Engine:
                 clock.advance_to(pending.next_ms())
                 ticks.append(TickRecord(now, clock.now(), ActionKind.IDLE, TickKind.IDLE, ()))
                 continue
-            committed = self.step()
+            committed = self.step(join)
             ticks.append(committed.record)
             if keep_events:
                 result.events.extend(committed.events)
@@ -114,6 +124,7 @@ class Engine:
 
     # -- real-time worker (server) -------------------------------------------
     def submit(self, request: Request) -> None:
+        request.arrival_ms = self.clock.now()  # when it reached the engine: a tick may be running
         self._inbox.put(("submit", request))
         self._wake.set()
 
@@ -126,15 +137,18 @@ class Engine:
         self._wake.set()
 
     def serve_forever(self, on_error: Callable[[Request, Exception], None] | None = None) -> None:
+        def join(start_ms: float, end_ms: float) -> None:  # what arrived during the tick, before its commit
+            self._drain_inbox(on_error, start_ms)
+
         while not self._stop.is_set():
             self._drain_inbox(on_error)
             if self.scheduler.is_idle:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            self.step()
+            self.step(join)
 
-    def _drain_inbox(self, on_error) -> None:
+    def _drain_inbox(self, on_error, tick_start_ms: float | None = None) -> None:
         while True:
             try:
                 kind, item = self._inbox.get_nowait()
@@ -143,9 +157,8 @@ class Engine:
             if kind == "cancel":
                 self.scheduler.cancel(item)
                 continue
-            item.arrival_ms = self.clock.now()
             try:
-                self.scheduler.submit(item)
+                self.scheduler.submit(item, 0.0 if tick_start_ms is None else item.arrival_ms - tick_start_ms)
             except ValueError as exc:
                 if on_error:
                     on_error(item, exc)

@@ -39,12 +39,20 @@ class HolBook:
         """Whether a classic tick has anything to end (a speculative tick ran, or requests joined)."""
         return bool(self._queue_wait or self._batch_wait or self._joined)
 
-    def join_queue(self, seq_id: str) -> None:
-        if self._open is None:
-            self._open = _Joined()
-            self._joined.append(self._open)
-        self._open.count += 1
-        self._group_of[seq_id] = self._open
+    def join_queue(self, seq_id: str, into_tick_ms: float = 0.0) -> None:
+        """A request joins the queue; `into_tick_ms` > 0: it arrived that long after the running tick
+        began, so its group starts at minus that and the tick's wall leaves it exactly its own part."""
+        if into_tick_ms > 0:
+            group = _Joined()
+            group.wait = -into_tick_ms
+            self._joined.append(group)
+        else:
+            if self._open is None:
+                self._open = _Joined()
+                self._joined.append(self._open)
+            group = self._open
+        group.count += 1
+        self._group_of[seq_id] = group
 
     def leave_queue(self, seq_id: str) -> Samples:
         """A request leaves the queue (admitted, parked, cancelled): its wait so far."""

@@ -69,7 +69,9 @@ class Scheduler(Admissions):
         self._hol_samples: Samples = []          # waits ended since the last commit
 
     # -- intake ---------------------------------------------------------------
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, into_tick_ms: float = 0.0) -> None:
+        """Queue a request; `into_tick_ms` > 0: it arrived that long into the tick now being committed
+        (it waited on that tick from then: its HOL wait and the tick's waiters count it)."""
         if not request.prompt_token_ids:
             raise RequestError(f"request {request.id!r}: the prompt is empty; send at least one token")
         if request.id in self.requests:
@@ -78,7 +80,7 @@ class Scheduler(Admissions):
         request.state = RequestState.WAITING
         self.requests[request.id] = request
         self.queue.push(request)
-        self._hol.join_queue(request.id)
+        self._hol.join_queue(request.id, into_tick_ms)
 
     def cancel(self, seq_id: str) -> bool:
         """Flag a live request; it stops at its next round or decode step."""

@@ -90,6 +90,41 @@ def test_hol_waiters_is_the_true_maximum():
     assert waits and max(waits) == pytest.approx(max(runner.scenario_cost(scen, 0).slice0(48) + 20.0, 20.0))
 
 
+MID_BURST = """
+[[requests]]
+id = "c0"
+max_tokens = 40
+speculative = false
+
+[[requests]]
+id = "spec"
+arrival_ms = 12
+prompt_len = 32
+max_tokens = 40
+
+[[requests]]
+id = "c1"
+arrival_ms = 100
+max_tokens = 20
+speculative = false
+"""
+
+
+def test_a_request_that_arrives_during_a_burst_waits_from_its_arrival(tmp_path):
+    """c1 arrives 100 ms in, during the legacy burst: it waited on it from then (not from the burst's
+    end, when the engine first takes it), and the burst's hol_waiters counts it."""
+    from harness.run import runner, scenario
+    path = tmp_path / "mid-burst.toml"
+    path.write_text(MID_BURST)
+    scen = scenario.load(str(path))
+    run = runner.execute(scen, runner.scenario_config(scen, "burst"))
+    burst = next(t for t in run.ticks if t.kind.value == "burst")
+    assert burst.start_ms < 100 < burst.end_ms
+    waits = run.scheduler.obs.hol_wait_ms
+    assert sorted(waits) == [pytest.approx(burst.end_ms - 100), pytest.approx(burst.wall_ms)]  # c1's, c0's
+    assert run.scheduler.obs.bursts[0].hol_waiters == 2 == run.scheduler.obs.hol_waiters_max
+
+
 def test_a_server_scheduler_keeps_no_history_so_nothing_grows_with_requests():
     """keep_history=False (the server's): each tick's HOL waits travel in its deltas and none piles up in
     the books, where on a real clock every wait would be a new key (a soak grew 1 MB a minute)."""
