@@ -56,14 +56,15 @@ def mock_backend(clock, scenario: Scenario, seed: int, profile: CostModel | None
 
 
 def priced(scenario: Scenario, profile: CostModel) -> Scenario:
-    """The scenario with a cost profile under its own [cost] keys (which still win): the mock
-    `mock_backend(..., profile)` builds, carried by the scenario (a sweep ships it to workers)."""
+    """The scenario with a cost profile under its own [cost] keys (which still win), so it carries
+    its prices wherever it goes (a sweep ships it to worker processes)."""
     return replace(scenario, cost={**profile.to_json(), **scenario.cost})
 
 
 def scenario_cost(scenario: Scenario, seed: int, profile: CostModel | None = None) -> CostModel:
-    base = profile.to_json() if profile else {}
-    return CostModel(**{**base, **scenario.cost, "seed": seed})
+    if profile is not None:
+        scenario = priced(scenario, profile)
+    return CostModel(**{**scenario.cost, "seed": seed})
 
 
 def scenario_config(scenario: Scenario, mode: str | None, options: dict | None = None) -> SchedulerConfig:
