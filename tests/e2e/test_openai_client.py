@@ -202,3 +202,26 @@ def test_min_tokens_over_max_tokens_is_a_bad_request(client):
     body = info.value.body
     assert (body["type"], body["param"], body["code"]) == ("invalid_request_error", "min_tokens", "invalid_value")
     assert "9" in body["message"] and "4" in body["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_before_min_tokens_stays_in_the_text(client, stream):
+    """vLLM's rule: a stop string inside the first min_tokens tokens neither ends the request nor
+    cuts its text; the next one after min_tokens ends it and is cut."""
+    base = client.completions.create(model="coopsched-mock", prompt="stop test", max_tokens=40,
+                                     temperature=0).choices[0].text
+    stop = base[3:5]
+    later = base.find(stop, 5 + 20)
+    kwargs = dict(model="coopsched-mock", prompt="stop test", max_tokens=40, temperature=0, stop=[stop],
+                  extra_body={"min_tokens": 20})
+    if stream:
+        chunks = list(client.completions.create(**kwargs, stream=True))
+        text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.completions.create(**kwargs).choices[0]
+        text, reason = choice.text, choice.finish_reason
+    if later == -1:  # no later match: the whole budget, the early stop string included
+        assert (text, reason) == (base, "length")
+    else:
+        assert (text, reason) == (base[:later], "stop")
+    assert text.startswith(base[:5])
