@@ -1,4 +1,4 @@
-"""Head-of-line waits, booked in O(1) per tick however long the queue is.
+"""Head-of-line waits, booked per tick in time that follows the groups below, never the queue length.
 
 A classic row with pending work (a decode-batch row, or a queued request) waits
 while a speculative tick runs; its wait is one sample per stretch of speculative
@@ -9,7 +9,9 @@ fused tick (which decodes them). Every batch row has waited the same since the
 batch was last served, every request queued before the stretch began the same,
 and every request that joined between the same two ticks the same: so a stretch
 ends in a few (wait, count) pairs, not a sample per row, and each wait is summed
-tick by tick (0 + w1 + w2 ...), exactly as a per-row sum would be.
+tick by tick (0 + w1 + w2 ...), exactly as a per-row sum would be. A request that
+arrived while a tick ran joins before that tick's commit in a group of its own,
+started at minus the part of the tick before it arrived: one pair per such arrival.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="move the baseline to the current tracked metrics (commit the result)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the scenario runs (default 0)")
     parser.add_argument("--sweep", type=Path, default=SWEEP_STORE, metavar="PATH",
-                        help=f"the sweep to show, when it exists (default {SWEEP_STORE}: the latest coopsched sweep)")
+                        help=f"the sweep JSON to show (default {SWEEP_STORE}, the latest coopsched sweep, "
+                             "when it exists; a path given must exist)")
 
 
 def git_commit(short: bool = False) -> str | None:

@@ -4,8 +4,11 @@ Bounds come from the cost model's terms (decode step at the batch size, one roun
 the request's slice 0, a prefill tick's spans), never from measured tick maxima, which would absorb the very
 burst they exist to catch; with a real backend and no cost model the terms are the
 measured decode and round ticks (never a burst) with a real-time allowance.
-- slice (and burst, where it must fail): every classic gap <= decode + one speculative
-  action, + the admission work inside the gap (a slice 0, another row's prefill);
+- slice (and burst, where it must fail): every classic gap <= decode + one round, + one round
+  per Prefill action after the gap's first round (unchunked: each clears the yield flag), + the
+  admission work inside the gap (a slice 0, another row's prefill);
+- every sliced mode: no speculative request ran more rounds than slices after slice 0
+  (`rounds_per_slice`, counts: it needs no clock);
 - fused: every classic gap <= one fused step (drafting + one forward of the classic rows
   and the K verify positions of each speculative row), + the admission work;
 - cost: every classic gap <= `hol_budget_ms`, unless admissions inside the gap (+ the
@@ -141,37 +144,45 @@ def gap_ticks(run, kinds):
 
 
 ADMISSIONS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST, TickKind.ADMIT, TickKind.CHUNK})
+SPEC_ACTIONS = (ActionKind.SPEC_ROUND, ActionKind.FUSED)  # they set the yield flag
 
 
 def classic_gaps(run, terms: Terms):
     """Every classic inter-token gap (ms) with the admission work inside it: slice 0s, classic
-    prefills, chunks (each a tick's own prefill, classic or speculative); and how many Prefill
-    actions it holds (admissions, slice 0 of the queue head, parked waiters: unchunked, each clears
-    the yield flag, so one more round may follow it)."""
+    prefills, chunks (each a tick's own prefill, classic or speculative); and the rounds it earned."""
     ticks, priced = run.ticks, terms.tick_ms
-    for gap, inside in gap_ticks(run, ADMISSIONS | {TickKind.PARK}):
-        whole = [ticks[i] for i in inside if i not in priced]
+    for gap, inside in gap_ticks(run, ADMISSIONS | ROUND_KINDS | {TickKind.PARK}):
+        work = [i for i in inside if ticks[i].kind in ADMISSIONS]
+        whole = [ticks[i] for i in work if i not in priced]
         extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind.is_spec_admission)
         extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind is TickKind.ADMIT)
-        extra += sum(priced[i] for i in inside if i in priced)
-        yield gap, extra, sum(ticks[i].action is ActionKind.PREFILL for i in inside)
+        extra += sum(priced[i] for i in work if i in priced)
+        yield gap, extra, earned_rounds([ticks[i] for i in inside])
+
+
+def earned_rounds(ticks) -> int:
+    """Prefill actions after a gap's first speculative action: the decode before the gap left the yield
+    flag clear, and (unchunked) each such Prefill (an admission, the queue head's slice 0, a parked
+    waiter) clears it again, so one more round may follow it; a Prefill before any round earns none."""
+    first = next((k for k, t in enumerate(ticks) if t.action in SPEC_ACTIONS), len(ticks))
+    return sum(t.action is ActionKind.PREFILL for t in ticks[first + 1:])
 
 
 def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
     """Every classic gap <= decode + A rounds, + slice 0 at admission (a speculative prompt's slice 0
-    counts only in the gap that holds it), + one round per Prefill action in the gap when prefill
-    is not chunked: each clears the yield flag, so a round may follow it (upstream's rule).
+    counts only in the gap that holds it), + one round per Prefill action after the gap's first
+    round when prefill is not chunked: each clears the yield flag again (upstream's rule).
 
     Classic admissions inside a gap (other rows' prefills) are classic work and add their cost.
     """
     expect = "pass" if run.config.is_sliced else "fail"
     earns = 0 if run.config.is_chunked else 1  # chunked: a prefill keeps the flag while decode rows wait
-    worst = worst_gap((gap, (terms.decode_ms + (spec_actions_per_gap + earns * prefills) * terms.round_ms + extra)
-                       * terms.factor) for gap, extra, prefills in classic_gaps(run, terms))
+    worst = worst_gap((gap, (terms.decode_ms + (spec_actions_per_gap + earns * earned) * terms.round_ms + extra)
+                       * terms.factor) for gap, extra, earned in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, expect, "no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
-                 f"decode + {spec_actions_per_gap} round(s) (+ 1 per unchunked Prefill action in the gap), "
+                 f"decode + {spec_actions_per_gap} round(s) (+ 1 per unchunked Prefill after a round in the gap), "
                  "+ slice 0 at admission")
 
 

@@ -1,12 +1,12 @@
 """Traces stored before the plan/execute/commit redesign: the same seed still gives the same bytes.
 
 Stored again since: when each trace request gained `eligible`, and when the slice bound of
-`classic_itl` became exact per gap (a round per Prefill in the gap, slice 0 only in its own gap,
-decode at the largest decode batch); each time a check showed nothing else moved. Then once more
-when a tick that only parks a waiter stopped ending HOL waits (only `observability.hol_wait_ms` of
-rotation and parity-b1 in slice mode moved), when sliced runs gained the `rounds_per_slice` check,
-and when a request that arrives during a tick began to wait from its arrival (only
-`bursts[].hol_waiters` and `observability` moved).
+`classic_itl` became exact per gap (a round per Prefill after a round in the gap, slice 0 only in
+its own gap, decode at the largest decode batch); each time a check showed nothing else moved. Then
+once more when a tick that only parks a waiter stopped ending HOL waits (only
+`observability.hol_wait_ms` of rotation and parity-b1 in slice mode moved), when sliced runs gained
+the `rounds_per_slice` check, and when a request that arrives during a tick began to wait from its
+arrival (only `bursts[].hol_waiters` and `observability` moved).
 
 Regenerate only on purpose (a behaviour change someone decided on), with
 `python tests/integration/test_golden_traces.py` and a commit message that says why.
