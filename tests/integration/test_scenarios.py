@@ -90,7 +90,7 @@ max_tokens = 64
 
 @pytest.mark.parametrize("name", ["concurrency2", "rotation", "poisson-mix", "long-spec-prompt"])
 def test_classic_itl_catches_a_second_round_per_gap(name, monkeypatch, tmp_path):
-    """The slice bound allows one round per gap (+ one per Prefill in it, + slice 0 once, in its own
+    """The slice bound allows one round per gap (+ one per Prefill after a round in it, + slice 0 once, in its own
     gap): a long speculative prompt, a parked waiter or arrivals during decode do not loosen the rest."""
     from coopsched.core.modes import slice as slice_mode
     path = tmp_path / f"{name}.toml"
