@@ -17,12 +17,16 @@ from coopsched.env import GATE_NAMES, GateError, Gates
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 RAW_VALUES = ["1", "0", "true", "false", "True", "False", "TRUE", "FALSE", "yes", "no", "on", "off",
               "OFF", "", " 0", " 12 ", "\t3\n", "+8", "-3", "8.5", "eight", "1_0", "１２", "2", "1",
-              "auto", "mtp", "dflash", "DFLASH"]
+              "auto", "mtp", "dflash", "DFLASH",
+              # upstream's spellings for the grant interval, the mixed step and the chunk
+              "4", "TrUe", "YES", "ON", "On", " on ", "\ttrue\n", "abc", "16x", "maybe", "+", "-0", "0000",
+              "\u00a012\u3000", "\u2003", "\x1c12", "4294967295", "4294967296", "18446744073709551616"]
 FIELD = {
     "MLXCEL_MTP_TICK_SLICE": "tick_slice", "MLXCEL_MTP_SLICE_GRANT_ROUNDS": "grant_rounds",
     "MLXCEL_ENABLE_MTP_B1": "mtp_b1", "MLXCEL_ENABLE_MTP_BATCH": "mtp_batch",
     "MLXCEL_ENABLE_MTP_BATCH_RAGGED": "mtp_batch_ragged", "MLXCEL_DRAFT_BLOCK_SIZE": "draft_block_size",
-    "MLXCEL_DRAFT_KIND": "draft_kind",
+    "MLXCEL_DRAFT_KIND": "draft_kind", "MLXCEL_PREFILL_GRANT_INTERVAL": "prefill_grant_interval",
+    "MLXCEL_MIXED_STEP": "mixed_step", "MLXCEL_PREFILL_CHUNK": "prefill_chunk_tokens",
 }
 
 
@@ -132,3 +136,37 @@ def test_ragged_needs_batch():
     assert not Gates.parse({"MLXCEL_ENABLE_MTP_BATCH_RAGGED": "1"}).scheduler_config().enable_ragged
     both = {"MLXCEL_ENABLE_MTP_BATCH_RAGGED": "1", "MLXCEL_ENABLE_MTP_BATCH": "1"}
     assert Gates.parse(both).scheduler_config().enable_ragged
+
+
+@pytest.mark.parametrize("raw, expected", [
+    *[pytest.param(raw, value, id=f"interval-{raw!r}") for raw, value in
+      [("4", 4), (" 12 ", 12), ("1", 1), (None, 16), ("0", 0)]],
+    *[pytest.param(raw, 16, id=f"interval-garbage-{raw!r}") for raw in ["", "abc", "-3", "8.5", "eight", "16x"]],
+    pytest.param("\u00a012\u3000", 12, id="interval-unicode-whitespace-trimmed"),
+    pytest.param("4294967295", 2**32 - 1, id="interval-u32-max"),
+    pytest.param("4294967296", 16, id="interval-overflow"),
+])
+def test_prefill_grant_interval_spellings(raw, expected):
+    assert decision("MLXCEL_PREFILL_GRANT_INTERVAL", raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "TRUE", "True", "TrUe", "yes", "YES", "on", "ON", "On", " on ",
+                                 "\ttrue\n"])
+def test_mixed_step_on(raw):
+    assert decision("MLXCEL_MIXED_STEP", raw) is True
+
+
+@pytest.mark.parametrize("raw", [None, "", "0", "false", "off", "maybe", "2"])
+def test_mixed_step_off(raw):
+    assert decision("MLXCEL_MIXED_STEP", raw) is False
+
+
+def test_prefill_chunk_gate():
+    assert decision("MLXCEL_PREFILL_CHUNK", None) == 2048 and decision("MLXCEL_PREFILL_CHUNK", "0") == 0
+    gates = Gates.parse({"MLXCEL_PREFILL_CHUNK": "lots"})
+    assert gates.prefill_chunk_tokens == 2048 and "'lots'" in gates.warnings[0]
+    assert Gates.parse({"MLXCEL_PREFILL_CHUNK": " 256 "}).scheduler_config().prefill_chunk_tokens == 256
+    # unset, the scheduler keeps its own default (whole prompts); a flag or [scheduler] key wins over the gate
+    assert Gates.parse({}).scheduler_config().prefill_chunk_tokens == 0
+    set_gate = Gates.parse({"MLXCEL_PREFILL_CHUNK": "256"})
+    assert set_gate.scheduler_config(prefill_chunk_tokens=64).prefill_chunk_tokens == 64
