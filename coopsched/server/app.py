@@ -154,8 +154,9 @@ def _error_of(delivery: Delivery) -> ApiError:
 
 
 def _extension(delivery: Delivery) -> dict:
-    """Non-standard, namespaced: how the request was served and its BurstFinalized record."""
-    return {"coopsched": {"served_speculatively": delivery.served_speculatively, "burst": delivery.burst}}
+    """llama.cpp's `timings`, and (namespaced) how the request was served and its BurstFinalized record."""
+    return {"timings": delivery.timings,
+            "coopsched": {"served_speculatively": delivery.served_speculatively, "burst": delivery.burst}}
 
 
 async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelope: Envelope):
@@ -187,7 +188,7 @@ async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelo
                 extra = _extension(delivery) if is_last else {}
                 if with_ticks:
                     stamps = {"tick_end_ns": tick_end_ns(delivery), "sent_ns": time.perf_counter_ns()}
-                    extra = {"coopsched": {**extra.get("coopsched", {}), **stamps}}
+                    extra = {**extra, "coopsched": {**extra.get("coopsched", {}), **stamps}}
                 events.append(protocol.sse(envelope.chunk(choice, **usage_field, **extra)))
             num_tokens += len(delivery.token_ids)
             if reason is not None:
@@ -196,7 +197,8 @@ async def _stream(host: EngineHost, live: Live, params: CompletionParams, envelo
                     events.append(protocol.sse(envelope.chunk(choice, **usage_field, **_extension(delivery))))
                 if params.include_usage:
                     events.append(protocol.sse(envelope.chunk(
-                        None, usage=protocol.usage(len(params.prompt_token_ids), num_tokens))))
+                        None, usage=protocol.usage(len(params.prompt_token_ids), num_tokens),
+                        timings=delivery.timings)))
                 events.append(protocol.sse("[DONE]"))
                 is_done = True
             yield "".join(events)

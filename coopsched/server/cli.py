@@ -44,9 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests that may wait for their first token before 429 (default 256)")
     parser.add_argument("--max-batch-size", type=int, default=8, help="classic decode rows (default 8)")
     parser.add_argument("--num-slots", type=int, default=32, help="KV slots (default 32)")
-    parser.add_argument("--prefill-chunk-tokens", type=int, default=0, metavar="N",
+    parser.add_argument("--prefill-chunk-tokens", type=int, metavar="N",
                         help="prefill at most N prompt tokens per tick, so decode rows step between the chunks "
-                             "of a long prompt (default 0: whole prompts)")
+                             "of a long prompt; 0: whole prompts (default: MLXCEL_PREFILL_CHUNK, else 0)")
     parser.add_argument("--max-batch-prefill", type=int, default=1, metavar="M",
                         help="classic requests one prefill tick may admit together, in one forward (default 1)")
     parser.add_argument("--mode", choices=MODES, help="scheduler mode; wins over MLXCEL_MTP_TICK_SLICE")
@@ -65,8 +65,9 @@ def build_host(args: argparse.Namespace):
     for warning in gates.warnings:
         logging.getLogger("coopsched.server").warning(warning)
     overrides = dict(slot_tokens=args.max_context, max_batch_size=args.max_batch_size,
-                     num_kv_slots=args.num_slots, prefill_chunk_tokens=args.prefill_chunk_tokens,
-                     max_batch_prefill=args.max_batch_prefill)
+                     num_kv_slots=args.num_slots, max_batch_prefill=args.max_batch_prefill)
+    if args.prefill_chunk_tokens is not None:  # the flag wins over MLXCEL_PREFILL_CHUNK
+        overrides["prefill_chunk_tokens"] = args.prefill_chunk_tokens
     if args.mode:
         overrides["mode"] = args.mode
     clock = RealClock()
@@ -95,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     for name, least in (("max_context", 1), ("max_queue", 1), ("max_batch_size", 1), ("num_slots", 1),
                         ("max_batch_prefill", 1), ("prefill_chunk_tokens", 0), ("port", 0), ("decode_ms", 0),
                         ("round_ms", 0), ("prefill_ms_per_token", 0)):
-        if getattr(args, name) < least:
+        if getattr(args, name) is not None and getattr(args, name) < least:
             print(f"error: --{name.replace('_', '-')}={getattr(args, name)} must be >= {least}", file=sys.stderr)
             return 2
     if args.port > 65535:

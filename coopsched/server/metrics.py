@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from coopsched.core import Committed
 
+from .protocol import spec_counts
+
 # seconds; the first bucket is 1 ms so sub-round gaps stay visible
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -56,6 +58,14 @@ class Metrics:
         self.waiting = Gauge("coopsched_requests_waiting",
                              "Requests waiting: prefill queue and speculative backlog", registry=registry)
         self.kv_slots = Gauge("coopsched_kv_slots_in_use", "KV slots held", registry=registry)
+        # llama.cpp's names, counted as upstream counts them: one draft per round, K draft tokens
+        # per round, and per round the tokens it emitted minus one (booked when a request finishes)
+        self.llama_drafts = Counter("llamacpp:spec_decode_num_drafts", "Speculative: verification steps "
+                                    "(one per round)", registry=registry)
+        self.llama_draft_tokens = Counter("llamacpp:spec_decode_num_draft_tokens", "Speculative: draft tokens "
+                                          "(K per round)", registry=registry)
+        self.llama_accepted = Counter("llamacpp:spec_decode_num_accepted_tokens", "Speculative: draft tokens "
+                                      "accepted (tokens a round emitted minus one)", registry=registry)
         for kind in ITL_KINDS:  # export both series from the start
             self.itl.labels(kind=kind)
         self._hol_waiters_max = 0
@@ -83,9 +93,15 @@ class Metrics:
         if deltas.hol_waiters > self._hol_waiters_max:
             self._hol_waiters_max = deltas.hol_waiters
             self.hol_waiters_max.set(deltas.hol_waiters)
+        if deltas.rounds:
+            self.llama_drafts.inc(deltas.rounds)
+            self.llama_draft_tokens.inc(deltas.drafted + deltas.rounds)
         for event in committed.events:
             burst = event.outcome.burst if event.outcome is not None else None
             if burst is not None:
+                accepted = spec_counts(burst.to_json())[2]
+                if accepted:
+                    self.llama_accepted.inc(accepted)
                 self.burst_wall.observe(burst.burst_wall_ms / 1e3)
                 burst_log.info(json.dumps({"event": "BurstFinalized", **burst.to_json()}))
 

@@ -274,6 +274,34 @@ class Envelope:
                 "created": self.created, "model": self.model, "choices": [choice], "usage": usage, **extra}
 
 
+def spec_counts(burst: dict | None) -> tuple[int, int, int]:
+    """(rounds, draft tokens, accepted) as upstream counts them: K draft tokens per round and, per
+    round, the tokens it emitted minus one (a request's first token comes from its slice 0)."""
+    if not burst:
+        return 0, 0, 0
+    rounds = burst["rounds"]
+    draft_n = burst["drafted_tokens"] + rounds  # K - 1 drafted per round, K counted
+    accepted = burst["tokens_generated"] - 1 - rounds if rounds else 0
+    return rounds, draft_n, min(max(accepted, 0), draft_n)
+
+
+def timings(num_prompt: int, prompt_ms: float, num_predicted: int, predicted_ms: float, burst: dict | None,
+            draft_kind: str) -> dict:
+    """llama.cpp's per-response `timings` (prompt_ms: request received -> first token), with the
+    draft figures upstream adds: `draft_n = 0` and `draft_kind` "none" for a classic request."""
+    rounds, draft_n, accepted = spec_counts(burst)
+    return {"prompt_n": num_prompt, "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_second": _per_second(num_prompt, prompt_ms),
+            "predicted_n": num_predicted, "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_second": _per_second(num_predicted, predicted_ms),
+            "draft_n": draft_n, "draft_n_accepted": accepted, "draft_rounds": rounds,
+            "draft_kind": draft_kind if burst else "none"}
+
+
+def _per_second(n: int, ms: float) -> float | None:
+    return round(n * 1e3 / ms, 3) if ms > 0 else None
+
+
 def usage(num_prompt: int, num_completion: int) -> dict:
     return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
             "total_tokens": num_prompt + num_completion}

@@ -17,6 +17,7 @@ from coopsched.core import Committed, Request, Scheduler, SchedulerConfig, Token
 from coopsched.core.request import SamplingParams
 from coopsched.engine import Engine
 
+from . import protocol
 from .metrics import Metrics
 from .models import ServedModel
 
@@ -32,6 +33,7 @@ class Delivery:
     error: Exception | None = None
     served_speculatively: bool = False
     burst: dict | None = None
+    timings: dict | None = None  # on the finish: llama.cpp's timings object
 
 
 @dataclass(eq=False)
@@ -40,8 +42,15 @@ class Live:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     received_ms: float
+    first_ms: float | None = None
     last_ms: float | None = None
     num_tokens: int = 0
+
+    def timings(self, end_ms: float, burst: dict | None, draft_kind: str) -> dict:
+        first = end_ms if self.first_ms is None else self.first_ms
+        last = first if self.last_ms is None else self.last_ms
+        return protocol.timings(len(self.request.prompt_token_ids), first - self.received_ms, self.num_tokens,
+                                last - first, burst, draft_kind)
 
 
 class QueueFull(Exception):
@@ -68,6 +77,11 @@ class EngineHost:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ids = itertools.count()
+
+    @property
+    def draft_kind(self) -> str:
+        """What drafts: upstream's B = 1 drafter is MTP unless the gates name DFlash."""
+        return "dflash" if self.config.draft_kind == "dflash" else "mtp"
 
     # -- lifecycle --------------------------------------------------------------
     def start(self) -> None:
@@ -152,6 +166,8 @@ class EngineHost:
             gaps += [0.0] * (len(event.token_ids) - 1)  # one round's tokens arrive together
             self.metrics.observe_tokens(kind, ttft, gaps)
             live.num_tokens += len(event.token_ids)
+            if live.first_ms is None:
+                live.first_ms = event.time_ms
             live.last_ms = event.time_ms
         outcome = event.outcome
         burst = outcome.burst.to_json() if outcome is not None and outcome.burst is not None else None
@@ -162,8 +178,10 @@ class EngineHost:
             error = outcome.error if outcome is not None else None
             self._deliver(live, Delivery(error=ModelCallFailed(error or "the model call failed")))
             return
+        times = live.timings(event.time_ms, burst, self.draft_kind) if reason is not None else None
         self._deliver(live, Delivery(event.token_ids, event.time_ms, reason,
-                                     served_speculatively=request.served_speculatively, burst=burst))
+                                     served_speculatively=request.served_speculatively, burst=burst,
+                                     timings=times))
 
     def _on_tick(self, committed: Committed) -> None:
         self.metrics.record_tick(committed)

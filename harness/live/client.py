@@ -19,10 +19,11 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from harness.run import metrics
 
@@ -73,6 +74,53 @@ def scrape_metrics(base: str) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+T = TypeVar("T")
+
+# the speculative counters of llama.cpp's /metrics (coopsched serve and upstream serve them too);
+# without them, coopsched's own: rounds are its drafts, and K - 1 drafted per round + the round is K
+SPEC_COUNTERS = {"drafts": "llamacpp:spec_decode_num_drafts_total",
+                 "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
+                 "accepted": "llamacpp:spec_decode_num_accepted_tokens_total"}
+COOPSCHED_ROUNDS, COOPSCHED_DRAFTED = "coopsched_spec_rounds_total", "coopsched_spec_draft_tokens_total"
+
+
+def spec_counters(samples: dict[str, float] | None) -> dict[str, float] | None:
+    """{drafts, draft_tokens, accepted} from a scrape (label sets summed), or None when it has none."""
+    if not samples:
+        return None
+    folded: dict[str, float] = {}
+    for name, value in samples.items():
+        bare = name.split("{", 1)[0]
+        folded[bare] = folded.get(bare, 0.0) + value
+    if SPEC_COUNTERS["drafts"] in folded:
+        return {key: folded.get(name) for key, name in SPEC_COUNTERS.items()}
+    if COOPSCHED_ROUNDS in folded:
+        rounds = folded[COOPSCHED_ROUNDS]
+        return {"drafts": rounds, "draft_tokens": folded.get(COOPSCHED_DRAFTED, 0.0) + rounds, "accepted": None}
+    return None
+
+
+def settled(scrape: Callable[[], T | None], settle_s: float = 0.05, timeout_s: float = 3.0) -> T | None:
+    """A scrape once two in a row agree: a server books a tick's counters just after its tokens."""
+    last = scrape()
+    deadline = time.monotonic() + timeout_s
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(settle_s)
+        now = scrape()
+        if now == last:
+            break
+        last = now
+    return last
+
+
+def try_scrape(base: str) -> dict[str, float] | None:
+    """scrape_metrics, or None from a server without a Prometheus /metrics."""
+    try:
+        return scrape_metrics(base)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
 
 
 def is_healthy(base: str) -> bool:

@@ -41,6 +41,7 @@ class Streamed:
     server_id: str | None = None
     served_speculatively: bool | None = None
     burst: dict | None = None
+    timings: dict | None = None           # llama.cpp's timings object, from the stream's final chunks
     stream: stalls.Stream | None = None   # raw arrivals and tick ends, for the stall rule
     max_event_tokens: int = 1
 
@@ -121,6 +122,7 @@ class Target:
         out.stream = stalls.Stream.of(out.spec.id, "spec" if out.spec.speculative else "classic", got)
         out.max_event_tokens = max(got.counts, default=1)
         out.server_id = next((a.event.get("id") for a in got.arrivals if a.event.get("id")), None)
+        out.timings = next((a.event["timings"] for a in reversed(got.arrivals) if a.event.get("timings")), None)
         extension = next((a.event["coopsched"] for a in reversed(got.arrivals) if a.event.get("coopsched")), None)
         if extension:
             out.served_speculatively = extension.get("served_speculatively")
@@ -359,7 +361,10 @@ def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *,
         for spec in specs:
             solo[spec.id] = Solo([run_together(target, [replace(spec, arrival_ms=0.0)], seed, model)[0]
                                   for _ in range(SOLO_RUNS)])
+    before = client.spec_counters(client.try_scrape(target.url))
     outs = run_together(target, specs, seed, model)
+    after = client.settled(lambda: client.spec_counters(client.try_scrape(target.url)))
+    counted = counter_delta(before, after)
 
     checks = [completion_check(outs)]
     if costs is not None:
@@ -367,9 +372,18 @@ def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *,
     else:
         checks += solo_checks(outs, solo)
     trace = to_trace(scenario, outs, solo, checks, seed, url, health, model)
+    trace["server"]["spec_counters"] = counted
     if console is not None:
         print_verdict(console, trace)
     return trace
+
+
+def counter_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What the run added to the server's speculative counters (None: it serves none)."""
+    if before is None or after is None:
+        return None
+    return {key: None if after[key] is None or before[key] is None else after[key] - before[key]
+            for key in after}
 
 
 def _request_json(o: Streamed, seed: int) -> dict:
@@ -378,7 +392,7 @@ def _request_json(o: Streamed, seed: int) -> dict:
             "prompt_token_ids": list(o.spec.prompt_tokens(seed)), "token_ids": list(o.token_ids),
             "num_tokens": len(times), "token_times_ms": times, "arrival_ms": round(o.sent_ms, 3),
             "tick_end_ms": _tick_ends_ms(o),
-            "finish_reason": o.finish_reason, "error": o.error,
+            "finish_reason": o.finish_reason, "error": o.error, "timings": o.timings,
             "metrics": metrics.request_metrics(o.sent_ms, o.token_times_ms)}
 
 
@@ -410,6 +424,10 @@ def print_verdict(console, trace: dict) -> None:
     console.print(f"[bold]{trace['scenario']}[/] against {trace['target']} (mode {trace['mode']}, real time)")
     if "solo" in trace:
         console.print(f"  the server reports no costs: each request ran alone first; rule: {SOLO_RULE}")
+    counted = trace["server"].get("spec_counters")
+    if counted:
+        console.print("  the server's speculative counters over the run: " + ", ".join(
+            f"{key} {'-' if value is None else f'{value:g}'}" for key, value in counted.items()), highlight=False)
     for c in trace["checks"]:
         verdict = "skipped" if c.get("skipped") else ("[green]ok[/]" if c["ok"] else "[red]FAIL[/]")
         value = "-" if c["value"] is None else f"{c['value']:.1f}" if isinstance(c["value"], float) else c["value"]

@@ -34,6 +34,7 @@ DEFAULT_SLO = slo_module.parse_slo(slo_module.DEFAULT_SLO)
 DEFAULT_SEEDS = 3  # capacity is a mean over seeds: one Poisson draw can flatter or punish a load
 STORE = Path("reports") / "sweeps" / "latest.json"  # every finished sweep; `coopsched report` shows it
 ROUNDS, SLICES = "coopsched_spec_rounds_total", "coopsched_spec_slices_total"
+LLAMA_DRAFTS = "llamacpp:spec_decode_num_drafts_total"  # one per round: any llama.cpp-compatible server
 _WHOLE = re.compile(r"\+?[0-9]+")
 _DECIMAL = re.compile(r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
 EPILOG = f"""A point = one mode x one load x one seed (seeds 0..N-1, default {DEFAULT_SEEDS}); give exactly one of
@@ -233,7 +234,8 @@ def print_table(console: Console, sweep: dict) -> None:
                      fmt(row["spec_tok_s"])]
             if live:
                 deltas = row.get("metrics_delta") or {}
-                cells += [fmt(deltas.get(ROUNDS), "{:g}"), fmt(deltas.get(SLICES), "{:g}")]
+                rounds = deltas.get(ROUNDS, deltas.get(LLAMA_DRAFTS))
+                cells += [fmt(rounds, "{:g}"), fmt(deltas.get(SLICES), "{:g}")]
             table.add_row(*cells)
         table.add_section()
     console.print(table)

@@ -55,15 +55,7 @@ class Server:
 
     def settled(self) -> dict[str, float] | None:
         """A scrape once two in a row agree: the last tick's counters land just after its tokens."""
-        last = self.scrape()
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while last is not None and time.monotonic() < deadline:
-            time.sleep(SETTLE_S)
-            now = self.scrape()
-            if now == last:
-                break
-            last = now
-        return last
+        return client.settled(self.scrape, SETTLE_S, SETTLE_TIMEOUT_S)
 
 
 def _sample(line: str) -> tuple[str, float]:

@@ -38,6 +38,7 @@ def test_a_concurrency_ladder_fills_metrics_delta_per_rung(ladder, tmp_path, cap
         assert delta["coopsched_time_to_first_token_seconds_count"] == 8  # this rung's requests, no warm-up
         assert delta["coopsched_spec_rounds_total"] > 0
         assert delta["coopsched_spec_slices_total"] >= delta["coopsched_spec_rounds_total"]
+        assert delta["llamacpp:spec_decode_num_drafts_total"] == delta["coopsched_spec_rounds_total"]
         assert delta["coopsched_inter_token_latency_seconds_count"] == 8 * 23  # one sample per gap, labels summed
         assert not any(name.endswith(("_created", "_bucket")) for name in delta)
         assert "coopsched_requests_running" not in delta  # gauges are not deltas

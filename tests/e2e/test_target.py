@@ -101,6 +101,11 @@ def test_trace_bursts_agree_with_metrics():
     assert delta("coopsched_spec_accepted_tokens_total") == sum(b["accepted_draft_tokens"] for b in bursts)
     assert delta("coopsched_spec_draft_tokens_total") == sum(b["drafted_tokens"] for b in bursts)
     assert delta("coopsched_spec_slices_total") == sum(b["slices"] for b in bursts)
+    # the llama.cpp counters the trace read, and each response's timings, say the same
+    counted = trace["server"]["spec_counters"]
+    assert counted["drafts"] == delta("coopsched_spec_rounds_total") == delta("llamacpp:spec_decode_num_drafts_total")
+    assert counted["accepted"] == sum(r["timings"]["draft_n_accepted"] for r in trace["requests"])
+    assert all(r["timings"]["predicted_n"] == r["num_tokens"] for r in trace["requests"])
 
 
 @pytest.mark.parametrize("stream_kind", ["token-ids", "text-and-usage"])

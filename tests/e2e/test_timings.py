@@ -1,0 +1,78 @@
+"""llama.cpp's `timings` in every completion response, and the llamacpp:spec_decode_* counters.
+
+Counted as upstream counts them: one draft per round, K draft tokens per round, and per round
+the tokens it emitted minus one; a classic request has `draft_n = 0`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+from e2e_servers import serve
+
+pytestmark = pytest.mark.e2e
+
+SPEC_COUNTERS = ("llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total",
+                 "llamacpp:spec_decode_num_accepted_tokens_total", "coopsched_spec_rounds_total",
+                 "coopsched_spec_draft_tokens_total")
+
+
+def complete(url: str, prompt: str, max_tokens: int, speculative: bool, out: list) -> None:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "speculative": speculative}
+    out.append(httpx.post(f"{url}/v1/completions", json=body, timeout=60).json())
+
+
+def streamed(url: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        lines = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_timings_and_the_llamacpp_counters():
+    requests = [("a speculative one", 40, True), ("another speculative", 33, True), ("a classic row", 25, False)]
+    with serve("--decode-ms", "1", "--round-ms", "3") as served:
+        before = served.metrics()
+        outs = [[] for _ in requests]
+        threads = [threading.Thread(target=complete, args=(served.url, *r, out)) for r, out in zip(requests, outs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        after = served.metrics()
+    delta = {name: after[name] - before.get(name, 0.0) for name in SPEC_COUNTERS}
+    responses = [out[0] for out in outs]
+    accepted = 0
+    for response, (_, _, speculative) in zip(responses, requests):
+        t = response["timings"]
+        assert t["predicted_n"] == response["usage"]["completion_tokens"] > 0
+        assert t["prompt_n"] == response["usage"]["prompt_tokens"] and t["prompt_ms"] > 0
+        burst = response["coopsched"]["burst"]
+        if speculative:
+            assert t["draft_kind"] == "mtp" and t["draft_rounds"] == burst["rounds"] > 0
+            assert t["draft_n"] == 4 * t["draft_rounds"]  # K = 4 draft tokens per round
+            assert 0 <= t["draft_n_accepted"] <= t["draft_n"]
+            assert t["draft_n_accepted"] == burst["tokens_generated"] - 1 - burst["rounds"]
+        else:
+            assert (t["draft_n"], t["draft_n_accepted"], t["draft_rounds"], t["draft_kind"]) == (0, 0, 0, "none")
+        accepted += t["draft_n_accepted"]
+    rounds = delta["coopsched_spec_rounds_total"]
+    assert delta["llamacpp:spec_decode_num_drafts_total"] == rounds > 0
+    assert delta["llamacpp:spec_decode_num_draft_tokens_total"] == delta["coopsched_spec_draft_tokens_total"] + rounds
+    assert delta["llamacpp:spec_decode_num_accepted_tokens_total"] == accepted > 0
+
+
+def test_a_stream_carries_timings_in_its_final_chunks():
+    body = {"messages": [{"role": "user", "content": "stream me"}], "max_tokens": 20, "temperature": 0,
+            "stream_options": {"include_usage": True}}
+    with serve("--decode-ms", "1", "--round-ms", "3") as served:
+        chunks = streamed(served.url, body)
+    finish = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+    usage = chunks[-1]
+    assert usage["choices"] == [] and usage["timings"] == finish["timings"]
+    assert finish["timings"]["predicted_n"] == usage["usage"]["completion_tokens"] == 20
+    assert finish["timings"]["draft_n"] > 0
+    assert all("timings" not in c for c in chunks if c is not finish and c is not usage)
