@@ -123,6 +123,8 @@ class Gates:
             block_size=self.draft_block_size,
             draft_kind=self.draft_kind,
             hol_budget_ms=self.hol_budget_ms,
+            prefill_grant_interval=self.prefill_grant_interval,
+            mixed_step=self.mixed_step,
         )
         if self.prefill_chunk is not None:
             values["prefill_chunk_tokens"] = self.prefill_chunk

@@ -20,7 +20,7 @@ from .core.types import ActionKind, Emission, FinishReason, Outcome, TickKind
 
 T = TypeVar("T")
 NONE_ENDED: frozenset[str] = frozenset()
-CLASSIC_WORK = (TickKind.DECODE, TickKind.ADMIT, TickKind.CHUNK)  # the kinds of a tick without a job
+CLASSIC_WORK = (TickKind.DECODE, TickKind.ADMIT, TickKind.CHUNK, TickKind.MIXED)  # a tick without a job
 
 
 class BackendError(RuntimeError):
@@ -87,10 +87,11 @@ class Executor:
 
     def _classic(self, plan: Plan, out: Outcome) -> None:
         rows = plan.rows
-        if plan.kind is TickKind.DECODE:  # the plan names exactly its rows
-            tokens = guard(plan.request_ids, self.backend.decode, [(r.id, r.last_token) for r in rows])
+        if plan.kind is TickKind.DECODE or plan.kind is TickKind.MIXED:  # the decode rows, then (mixed) a chunk
+            tokens = guard([r.id for r in rows], self.backend.decode, [(r.id, r.last_token) for r in rows])
             out.emissions += self._commit_classic(rows, tokens)
-            return
+            if plan.kind is TickKind.DECODE:
+                return
         firsts = self._prefill(plan.spans, with_draft=False)  # rows whose prompt is all in get a token
         done = [(s.request, first) for s, first in zip(plan.spans, firsts) if first is not None]
         out.emissions += self._commit_classic([r for r, _ in done], [t for _, t in done])
@@ -173,7 +174,7 @@ class Executor:
         """
         job = plan.job
         job_rows = job.rows if job is not None and plan.kind is not TickKind.PARK else []
-        by_id = {r.id: r for r in [*plan.rows, *job_rows]}
+        by_id = {r.id: r for r in [*plan.rows, *(s.request for s in plan.spans), *job_rows]}
         failed = [by_id[i] for i in exc.seq_ids if i in by_id]
         for request in failed:
             if not request.is_finished:

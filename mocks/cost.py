@@ -131,6 +131,12 @@ class CostModel:
         """One full chunk of `num_tokens` (the most a prefill tick costs under that budget)."""
         return self.prefill_batch([(num_tokens, with_draft)])
 
+    def mixed(self, chunk_tokens: int, num_decode: int, with_draft: bool = False) -> float:
+        """The mixed step: ONE forward over one chunk of a prompt and the decode rows. Priced from
+        the two terms it joins (the chunk's prefill and a decode step of the rows); no saving is
+        priced for sharing the weights, so the step changes who waits, not what the work costs."""
+        return self.chunk(chunk_tokens, with_draft) + (self.decode(num_decode) if num_decode else 0.0)
+
     @property
     def max_jitter_factor(self) -> float:
         fitted = [q[-1] for q in (self.jitter_quantiles or {}).values()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import coopsched.core.scheduler as scheduler_module
 import coopsched.executor as executor_module
+from coopsched.core import upstream_rule
 from coopsched.core.kv import KVSlotPool
 from coopsched.core.spec import SpecJob, commit
 
@@ -115,6 +116,11 @@ def _prefill_never_yields(mp):
     mp.setattr(scheduler_module.Scheduler, "tick_state", lambda self: tick_state(self)._replace(prefill_yields=False))
 
 
+def _grant_never_fires(mp):
+    """The prefill grant never fires: a chunked prompt beside decode rows waits for the batch to drain."""
+    mp.setattr(upstream_rule, "grant_due", lambda state: False)
+
+
 # name -> (plant, fault mix for `coopsched simulate` that exercises the handling it removes;
 # None: too rare in its seeds, so a scripted test shows it instead)
 PLANTS = {
@@ -130,6 +136,7 @@ PLANTS = {
     "burst-drops-earlier-rounds": (_burst_drops_earlier_rounds, "backend"),
     "chunk-progress-kept": (_chunk_progress_kept, None),  # a window's later chunk failing
     "prefill-never-yields": (_prefill_never_yields, "none"),
+    "grant-never-fires": (_grant_never_fires, "none"),
 }
 
 

@@ -42,8 +42,8 @@ class Admissions:
         return self.job is not None or len(self.backlog) > 0
 
     def _plan_admission(self, state: TickState, release: tuple[str, ...]) -> Plan:
-        if self.prefilling:  # a chunked prefill under way goes on first
-            return self._plan_classic_prefill(state, release, [])
+        if self.prefilling:  # a chunked prefill under way goes on first (upstream: nothing else joins it)
+            return self._plan_classic_prefill(state, release, [], admit=not self.policy.follows_upstream)
         head = self.queue.pop()
         self._hol_samples += self._hol.leave_queue(head.id)
         slot_free = not self.has_spec_work
@@ -79,7 +79,8 @@ class Admissions:
                                    TickKind.WINDOW if job.is_window else TickKind.SLICE0)
         return Plan(ActionKind.PREFILL, kind, state, tuple(job.ids), job=job, release=release, spans=spans)
 
-    def _plan_classic_prefill(self, state: TickState, release: tuple[str, ...], admitted: list[Request]) -> Plan:
+    def _plan_classic_prefill(self, state: TickState, release: tuple[str, ...], admitted: list[Request],
+                              admit: bool = True) -> Plan:
         """Chunks of the prefills under way, then new classic admissions, within one tick's budget.
 
         Only requests that cannot be served speculatively join a batch behind the head: a
@@ -88,7 +89,7 @@ class Admissions:
         budget = Budget(self.config.prefill_chunk_tokens, self.config.max_batch_prefill)
         spans = spans_for([*self.prefilling, *admitted], budget)
         room = self.config.max_batch_size - len(self.running) - len(self.prefilling) - len(admitted)
-        while budget.has_room and room > 0 and self.kv.num_free:
+        while admit and budget.has_room and room > 0 and self.kv.num_free:
             head = self.queue.peek()
             if head is None or is_eligible(head, self.config):
                 break

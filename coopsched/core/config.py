@@ -32,6 +32,8 @@ class SchedulerConfig:
     hol_budget_ms: float = 50.0    # cost mode: longest a classic row may wait on speculation
     prefill_chunk_tokens: int = 0  # N > 0: a prefill tick prefills at most N prompt tokens; 0 = whole prompts
     max_batch_prefill: int = 1     # classic requests one prefill tick may admit together (one forward)
+    prefill_grant_interval: int = 16  # slice, burst: decode ticks a chunked prompt yields per chunk; 0 never
+    mixed_step: bool = False       # slice, burst: a chunked prompt's chunk and the decode rows in one forward
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -46,6 +48,8 @@ class SchedulerConfig:
         for name in ("grant_rounds", "backlog_cap", "skip_cap", "prefill_chunk_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if not 0 <= self.prefill_grant_interval < 2**32:
+            raise ValueError(f"prefill_grant_interval={self.prefill_grant_interval} must be within [0, 2**32)")
         if self.hol_budget_ms <= 0:
             raise ValueError(f"hol_budget_ms={self.hol_budget_ms} must be > 0")
 

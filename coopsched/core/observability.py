@@ -26,6 +26,8 @@ class BatchObservability:
     hol_wait_ms: Counter[float] = field(default_factory=Counter)  # wait -> rows that waited it
     hol_waiters_max: int = 0
     waiter_parks: int = 0       # Prefill ticks that only parked a waiter (the yield-flag quirk)
+    prefill_grants: int = 0     # chunks granted to a chunked prompt beside decode rows (slice, burst)
+    mixed_steps: int = 0
     grant_log: list[str] = field(default_factory=list)
     bursts: list[BurstFinalized] = field(default_factory=list)
 

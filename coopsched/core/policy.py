@@ -1,10 +1,10 @@
 """Tick policies: each mode decides one action per tick from a small frozen state.
 
-`decide_action` is the upstream rule (under contention speculative rounds and
-classic actions strictly alternate; alone, the round takes every tick). With
-chunked prefill a classic gap holds at most one prefill tick (`prefill_yields`)
-and, through the yield flag, at most one speculative action before the decode
-rows' step. A mode is a `TickPolicy` in coopsched/core/modes/, registered by name
+`decide_today` is upstream's rule today (slice and burst follow it): strict alternation
+under contention, and a chunked prompt beside decode rows gets one chunk per grant
+interval (or a mixed step every tick). `decide_action` is the July rule the fused and cost
+modes build on, where with chunked prefill a classic gap holds at most one prefill tick
+(`prefill_yields`). A mode is a `TickPolicy` in coopsched/core/modes/, registered by name
 there; the scheduler asks its policy and never tests the mode.
 """
 
@@ -17,14 +17,16 @@ from .plan import Plan
 from .request import Request
 from .spec import SpecJob
 from .types import ActionKind, Outcome, TickRecord, TickState
+from .upstream_rule import Choice, UpstreamState, decide_upstream
 
 __all__ = ["ActionKind", "Decision", "SchedulerView", "TickPolicy", "TickState", "decide_action",
-           "next_yield_flag", "wants_prefill"]
+           "decide_today", "next_yield_flag", "wants_prefill"]
 
 
 class Decision(NamedTuple):
     action: ActionKind
     block_size: int | None = None  # K for this tick's round; None: the job's own
+    decode_ticks: int = 0          # the grant counter the next tick carries (upstream's rule; else 0)
 
 
 class SchedulerView(Protocol):
@@ -41,6 +43,9 @@ class SchedulerView(Protocol):
 
 class TickPolicy(Protocol):
     is_sliced: bool  # speculative requests yield between rounds (else one tick runs them whole)
+    # upstream's tick rule today (slice, burst): its yield flag, its grant, nothing admitted while a
+    # prompt is chunked, its grant order and cancelled waiters, its batched-prefill bypass
+    follows_upstream: bool
 
     def decide(self, state: TickState, view: SchedulerView) -> Decision: ...
 
@@ -59,6 +64,20 @@ def wants_prefill(state: TickState) -> bool:
     return can_prefill and not (state.prefill_yields and state.num_running > 0)
 
 
+ACTION_OF = {Choice.SPEC_ROUND: ActionKind.SPEC_ROUND, Choice.DECODE: ActionKind.DECODE,
+             Choice.MIXED: ActionKind.MIXED, Choice.PREFILL: ActionKind.PREFILL, Choice.IDLE: ActionKind.IDLE}
+
+
+def decide_today(state: TickState, grant_interval: int, mixed_step: bool) -> Decision:
+    """Upstream's rule today (coopsched/core/upstream_rule.py) on the scheduler's state: the queue
+    counts only what could be admitted now (a free KV slot and room in the batch)."""
+    decision = decide_upstream(UpstreamState(
+        state.has_spec_work, state.last_was_spec, state.has_parked_prefill, state.num_running == 0,
+        state.num_running >= state.max_batch_size, state.num_admissible == 0, False, mixed_step,
+        state.decode_ticks, grant_interval))
+    return Decision(ACTION_OF[decision.choice], None, decision.decode_ticks)
+
+
 def decide_action(state: TickState) -> ActionKind:
     has_classic_work = state.num_running > 0 or state.num_admissible > 0 or state.has_parked_prefill
     if state.has_spec_work and (not has_classic_work or not state.last_was_spec):
@@ -72,9 +91,9 @@ def decide_action(state: TickState) -> ActionKind:
     return ActionKind.PREFILL
 
 
-# SpeculativeRound sets the flag; Prefill, Decode and Fused clear it; Idle leaves it
+# SpeculativeRound sets the flag; Prefill, Decode, Fused and Mixed clear it; Idle leaves it
 YIELD_FLAG = {ActionKind.SPEC_ROUND: True, ActionKind.PREFILL: False, ActionKind.DECODE: False,
-              ActionKind.FUSED: False}
+              ActionKind.FUSED: False, ActionKind.MIXED: False}
 
 
 def next_yield_flag(last_was_spec: bool, action: ActionKind) -> bool:

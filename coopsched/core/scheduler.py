@@ -22,7 +22,7 @@ from .modes import make_policy
 from .observability import BatchObservability
 from .plan import Plan
 from .policy import Decision, next_yield_flag
-from .prefill import book_prefill, prefill_tokens, slice0_spans
+from .prefill import Budget, book_prefill, prefill_tokens, slice0_spans, spans_for
 from .queue import PrefillQueue
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
@@ -44,7 +44,7 @@ from .types import (
 
 SPEC_PREFILLS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.CHUNK})
 CLASSIC_PREFILLS = (TickKind.ADMIT, TickKind.CHUNK)  # without a job: classic rows were prefilled
-SERVES_BATCH = frozenset({ActionKind.DECODE, ActionKind.FUSED})  # the decode rows got a token
+SERVES_BATCH = frozenset({ActionKind.DECODE, ActionKind.FUSED, ActionKind.MIXED})  # the decode rows got a token
 NO_DELTAS = TickDeltas()
 
 
@@ -61,6 +61,7 @@ class Scheduler(Admissions):
         self.obs = BatchObservability(keep_history)
         self.last_was_spec = False
         self.last_was_prefill = False            # a prefill ran since the decode rows were last served
+        self.decode_ticks = 0                    # the grant counter (upstream's rule), set where it is decided
         self.requests: dict[str, Request] = {}   # every live request, by id
         self._jobs: dict[str, SpecJob] = {}      # speculative request id -> its job
         self._cancelled: dict[str, Request] = {}  # live and flagged, in the order flagged
@@ -115,7 +116,8 @@ class Scheduler(Admissions):
         upcoming = (self.job or self.backlog.next_grant()) if chunked else None  # the next speculative job
         spec_prefilling = upcoming is not None and not upcoming.is_begun
         return TickState(has_spec_work, num_running, max_batch_size, num_admissible, has_parked_prefill,
-                         self.last_was_spec, num_queued, num_free_slots, prefill_yields, spec_prefilling)
+                         self.last_was_spec, num_queued, num_free_slots, prefill_yields, spec_prefilling,
+                         self.decode_ticks)
 
     # -- planning -------------------------------------------------------------
     def schedule(self) -> Plan:
@@ -123,16 +125,26 @@ class Scheduler(Admissions):
             self._reap_cancelled()
         state = self.tick_state()
         decision = self.policy.decide(state, self)
+        self.decode_ticks = decision.decode_ticks  # the counter rides with the choice: no one sets it apart
         release = tuple(e.seq_id for e in self._reaped) if self._reaped else ()
         action = decision.action
         if action is ActionKind.DECODE:
             rows = tuple(self.running[: state.max_batch_size])
             return Plan(action, TickKind.DECODE, state, tuple([r.id for r in rows]), rows, release=release)
+        if action is ActionKind.MIXED:
+            return self._plan_mixed(state, release)
         if action is ActionKind.PREFILL:
             return self._plan_admission(state, release)
         if action is ActionKind.SPEC_ROUND or action is ActionKind.FUSED:
             return self._plan_spec(decision, state, release)
         return Plan(ActionKind.IDLE, TickKind.IDLE, state, release=release)
+
+    def _plan_mixed(self, state: TickState, release: tuple[str, ...]) -> Plan:
+        """The decode rows and one chunk of the chunked prompt(s), in one forward."""
+        rows = tuple(self.running[: state.max_batch_size])
+        spans = tuple(spans_for(self.prefilling, Budget(self.config.prefill_chunk_tokens, len(self.prefilling))))
+        ids = tuple([r.id for r in rows] + [s.request.id for s in spans])
+        return Plan(ActionKind.MIXED, TickKind.MIXED, state, ids, rows, release=release, spans=spans)
 
     def _plan_spec(self, decision: Decision, state: TickState, release: tuple[str, ...]) -> Plan:
         job, granted = self.job, False
@@ -160,18 +172,23 @@ class Scheduler(Admissions):
         self._book_flags(plan)
         kind, ids = (TickKind.ERROR, outcome.touched) if outcome.error else (plan.kind, plan.request_ids)
         record = TickRecord(start_ms, end_ms, plan.action, kind, ids,
-                            prefill_tokens(plan) if kind is TickKind.CHUNK else ())
+                            prefill_tokens(plan) if kind is TickKind.CHUNK or kind is TickKind.MIXED else ())
         if plan.job is not None:
             self._book_job(plan, outcome)
         self.policy.observe(plan, outcome, record, self)
         num_waiting = self._book_hol(plan, outcome, end_ms - start_ms)
         if plan.job is None and plan.kind in CLASSIC_PREFILLS:
             book_prefill(plan.rows, self.running, self.prefilling)
+        elif plan.kind is TickKind.MIXED:
+            book_prefill([s.request for s in plan.spans], self.running, self.prefilling)
         emissions = outcome.emissions
         if self._reaped:
             emissions, self._reaped = self._reaped + emissions, []
         events = self._events(emissions, end_ms)
-        return Committed(record, events, self._book_deltas(outcome, num_waiting))
+        deltas = self._book_deltas(outcome, num_waiting)
+        if self.policy.follows_upstream and plan.state.has_parked_prefill and plan.state.num_running:
+            deltas = self._book_chunk_counts(plan, deltas)
+        return Committed(record, events, deltas)
 
     def _events(self, emissions: list[Emission], end_ms: float) -> list[TokenEvent]:
         """The tick's token events, stamped with its end; finished requests are finalized first."""
@@ -198,16 +215,30 @@ class Scheduler(Admissions):
         return TickDeltas(outcome.rounds, outcome.drafted, outcome.accepted, int(bool(outcome.spec_rows)),
                           tuple(samples), num_waiting)
 
+    def _book_chunk_counts(self, plan: Plan, deltas: TickDeltas) -> TickDeltas:
+        """A chunk beside decode rows: a grant (a Prefill that took the tick), or a mixed step."""
+        if plan.action is ActionKind.PREFILL:
+            self.obs.prefill_grants += 1
+            return deltas._replace(prefill_grants=1)
+        if plan.action is ActionKind.MIXED:
+            self.obs.mixed_steps += 1
+            return deltas._replace(mixed_steps=1)
+        return deltas
+
     def _book_flags(self, plan: Plan) -> None:
-        """The yield flag (upstream's rule); with chunking a prefill is one piece of a classic gap,
-        not its end: with decode rows waiting it keeps the flag (one speculative action per gap),
-        and a speculative prefill is itself a speculative action."""
+        """The yield flag (upstream's rule: a Prefill clears it). The first chunk of a chunked slice 0
+        (beyond upstream, which prefills a slice 0 whole) is speculative work and sets it, so a classic
+        gap holds one chunk of it; fused and cost modes' own rule: with chunking a prefill is one piece
+        of a classic gap, not its end, so with decode rows waiting it keeps the flag."""
         action = plan.action
         flag = next_yield_flag(self.last_was_spec, action)
         is_prefill = action is ActionKind.PREFILL
         if is_prefill and self.config.is_chunked:
             is_spec_prefill = plan.kind in SPEC_PREFILLS and plan.job is not None
-            flag = is_spec_prefill or (self.last_was_spec and plan.state.num_running > 0)
+            if self.policy.follows_upstream:
+                flag = flag or (is_spec_prefill and plan.kind is TickKind.CHUNK)
+            else:
+                flag = is_spec_prefill or (self.last_was_spec and plan.state.num_running > 0)
         self.last_was_spec = flag
         if action in SERVES_BATCH:
             self.last_was_prefill = False

@@ -21,6 +21,7 @@ class ActionKind(str, enum.Enum):
     DECODE = "decode"
     SPEC_ROUND = "spec_round"
     FUSED = "fused"
+    MIXED = "mixed"  # a chunk of a chunked prompt and the decode rows in one forward
     IDLE = "idle"
 
 
@@ -35,6 +36,7 @@ class TickKind(enum.Enum):
     GRANT = "grant"      # a round of a job re-granted the slot after rotation
     FUSED = "fused"      # classic decode rows and a speculative verify in one forward
     CHUNK = "chunk"      # chunked prefill: a piece of a prompt prefilled across ticks (classic or slice 0)
+    MIXED = "mixed"      # one chunk of a classic chunked prompt and a decode step of the batch, one forward
     DECODE = "decode"    # one batched step of the classic rows
     IDLE = "idle"
     ERROR = "error"      # a model call failed; only its rows ended
@@ -72,6 +74,7 @@ class TickState(NamedTuple):
     num_free_slots: int = 0          # KV slots free
     prefill_yields: bool = False     # chunking: a prefill ran since the batch was served; the decode rows go next
     spec_prefilling: bool = False    # chunking: the next speculative job's slice 0 is unfinished (never fused)
+    decode_ticks: int = 0            # decode ticks the chunked prompt yielded since its last chunk (the grant)
 
 
 @dataclass(slots=True)
@@ -152,7 +155,7 @@ class TickRecord:
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"start_ms": self.start_ms, "end_ms": self.end_ms, "action": self.action.value,
                                   "request_ids": list(self.request_ids), "detail": self.kind.detail}
-        if self.kind is TickKind.CHUNK:
+        if self.kind is TickKind.CHUNK or self.kind is TickKind.MIXED:
             out["prefill_tokens"] = list(self.prefill_tokens)
         return out
 
@@ -178,6 +181,8 @@ class TickDeltas(NamedTuple):
     slices: int = 0
     hol_waits: tuple[tuple[float, int], ...] = ()  # (wait ms, how many rows waited it)
     hol_waiters: int = 0                           # rows waiting on this tick's speculative work
+    prefill_grants: int = 0                        # a chunk granted to a chunked prompt beside decode rows
+    mixed_steps: int = 0
 
 
 @dataclass(slots=True)

@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-chunk-tokens", type=int, metavar="N",
                         help="prefill at most N prompt tokens per tick, so decode rows step between the chunks "
                              "of a long prompt; 0: whole prompts (default: MLXCEL_PREFILL_CHUNK, else 0)")
+    parser.add_argument("--prefill-grant-interval", type=int, metavar="N",
+                        help="slice, burst: decode ticks a chunked prompt yields before one chunk is granted, "
+                             "0 never (wins over MLXCEL_PREFILL_GRANT_INTERVAL; default 16)")
     parser.add_argument("--max-batch-prefill", type=int, default=1, metavar="M",
                         help="classic requests one prefill tick may admit together, in one forward (default 1)")
     parser.add_argument("--mode", choices=MODES, help="scheduler mode; wins over MLXCEL_MTP_TICK_SLICE")
@@ -66,8 +69,9 @@ def build_host(args: argparse.Namespace):
         logging.getLogger("coopsched.server").warning(warning)
     overrides = dict(slot_tokens=args.max_context, max_batch_size=args.max_batch_size,
                      num_kv_slots=args.num_slots, max_batch_prefill=args.max_batch_prefill)
-    if args.prefill_chunk_tokens is not None:  # the flag wins over MLXCEL_PREFILL_CHUNK
-        overrides["prefill_chunk_tokens"] = args.prefill_chunk_tokens
+    for name in ("prefill_chunk_tokens", "prefill_grant_interval"):  # a flag wins over its gate
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
     if args.mode:
         overrides["mode"] = args.mode
     clock = RealClock()
@@ -94,7 +98,8 @@ def main(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s", stream=sys.stderr)
     for name, least in (("max_context", 1), ("max_queue", 1), ("max_batch_size", 1), ("num_slots", 1),
-                        ("max_batch_prefill", 1), ("prefill_chunk_tokens", 0), ("port", 0), ("decode_ms", 0),
+                        ("max_batch_prefill", 1), ("prefill_chunk_tokens", 0), ("prefill_grant_interval", 0),
+                        ("port", 0), ("decode_ms", 0),
                         ("round_ms", 0), ("prefill_ms_per_token", 0)):
         if getattr(args, name) is not None and getattr(args, name) < least:
             print(f"error: --{name.replace('_', '-')}={getattr(args, name)} must be >= {least}", file=sys.stderr)

@@ -71,7 +71,7 @@ def prefill_ticks(run, cost) -> dict:
     (a speculative row's chunk also feeds the drafter), or its wall on a real clock."""
     out = {}
     for i, t in enumerate(run.ticks):
-        if t.kind is TickKind.CHUNK:
+        if t.kind is TickKind.CHUNK or t.kind is TickKind.MIXED:  # a mixed tick's chunk; its decode is a gap's
             spans = [(n, run.by_id(rid).served_speculatively) for rid, n in zip(t.request_ids, t.prefill_tokens) if n]
         elif t.kind is TickKind.ADMIT and len(t.request_ids) > 1:
             spans = [(len(run.by_id(rid).prompt_token_ids), False) for rid in t.request_ids]
@@ -143,21 +143,23 @@ def gap_ticks(run, kinds):
             yield b - a, picked[bisect_right(ends, a): bisect_right(ends, b)]
 
 
-ADMISSIONS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST, TickKind.ADMIT, TickKind.CHUNK})
+ADMISSIONS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.BURST, TickKind.ADMIT, TickKind.CHUNK,
+                        TickKind.MIXED})
 SPEC_ACTIONS = (ActionKind.SPEC_ROUND, ActionKind.FUSED)  # they set the yield flag
 
 
-def classic_gaps(run, terms: Terms):
+def classic_gaps(run, terms: Terms, skip=frozenset()):
     """Every classic inter-token gap (ms) with the admission work inside it: slice 0s, classic
-    prefills, chunks (each a tick's own prefill, classic or speculative); and the rounds it earned."""
+    prefills, chunks (each a tick's own prefill, classic or speculative, a mixed step's too), but not
+    ticks of the kinds in `skip`; the rounds it earned; and its ticks."""
     ticks, priced = run.ticks, terms.tick_ms
     for gap, inside in gap_ticks(run, ADMISSIONS | ROUND_KINDS | {TickKind.PARK}):
-        work = [i for i in inside if ticks[i].kind in ADMISSIONS]
+        work = [i for i in inside if ticks[i].kind in ADMISSIONS and ticks[i].kind not in skip]
         whole = [ticks[i] for i in work if i not in priced]
         extra = sum(terms.slice0_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind.is_spec_admission)
         extra += sum(terms.prefill_ms.get(t.request_ids[0], 0.0) for t in whole if t.kind is TickKind.ADMIT)
         extra += sum(priced[i] for i in work if i in priced)
-        yield gap, extra, earned_rounds([ticks[i] for i in inside])
+        yield gap, extra, earned_rounds([ticks[i] for i in inside]), [ticks[i] for i in inside]
 
 
 def earned_rounds(ticks) -> int:
@@ -178,12 +180,38 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
     expect = "pass" if run.config.is_sliced else "fail"
     earns = 0 if run.config.is_chunked else 1  # chunked: a prefill keeps the flag while decode rows wait
     worst = worst_gap((gap, (terms.decode_ms + (spec_actions_per_gap + earns * earned) * terms.round_ms + extra)
-                       * terms.factor) for gap, extra, earned in classic_gaps(run, terms))
+                       * terms.factor) for gap, extra, earned, _ in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, expect, "no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
                  f"decode + {spec_actions_per_gap} round(s) (+ 1 per unchunked Prefill after a round in the gap), "
                  "+ slice 0 at admission")
+
+
+def mixed_step_ms(run, chunk_tokens: int) -> float:
+    """One mixed step: a chunk and a decode step of the largest batch in one forward (priced), or on a
+    real clock the longest mixed tick measured."""
+    if run.cost is None:
+        return max((t.wall_ms for t in run.ticks if t.kind is TickKind.MIXED), default=0.0)
+    return run.cost.mixed(chunk_tokens, largest_decode_batch(run))
+
+
+def mixed_gap_check(run, terms: Terms, chunk_tokens: int) -> dict:
+    """Every classic gap with a mixed step in it <= one mixed step of `chunk_tokens` (+ a round where a
+    round ran in the gap, + one per Prefill after it), + the admission work inside it. A whole-prompt
+    prefill beside the decode rows in place of the chunk fails it."""
+    expect = "pass" if run.config.is_sliced else "fail"
+    step = mixed_step_ms(run, chunk_tokens)
+    pairs = [(gap, (step + extra + ((1 + earned) * terms.round_ms if any(t.action in SPEC_ACTIONS for t in inside)
+                                    else 0.0)) * terms.factor)
+             for gap, extra, earned, inside in classic_gaps(run, terms, skip={TickKind.MIXED})
+             if any(t.kind is TickKind.MIXED for t in inside)]
+    worst = worst_gap(pairs)
+    if worst is None:
+        return check("mixed_step", None, None, None, expect, "no mixed step ran (mixed_step = true, slice or burst)")
+    return check("mixed_step", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
+                 f"one mixed step ({step:.3f} ms: a {chunk_tokens}-token chunk + decode, one forward), "
+                 "+ a round where one ran, + admissions")
 
 
 def _num_classic_rows(run) -> int:
@@ -217,7 +245,7 @@ def budget_floor_ms(run, terms: Terms) -> float:
 
 def fused_gap_check(run, terms: Terms) -> dict:
     step = fused_step_ms(run)
-    worst = worst_gap((gap, (step + extra) * terms.factor) for gap, extra, _ in classic_gaps(run, terms))
+    worst = worst_gap((gap, (step + extra) * terms.factor) for gap, extra, _, _ in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, note="no classic gaps")
     return check("classic_itl", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1],
@@ -228,7 +256,7 @@ def budget_gap_check(run, terms: Terms) -> dict:
     budget = run.config.hol_budget_ms
     floor = budget_floor_ms(run, terms)
     worst = worst_gap((gap, max(budget, terms.decode_ms + extra, floor) * terms.factor)
-                   for gap, extra, _ in classic_gaps(run, terms))
+                   for gap, extra, _, _ in classic_gaps(run, terms))
     if worst is None:
         return check("classic_itl", None, None, None, note="no classic gaps")
     note = f"hol budget {budget:g} ms" + (f" (below the floor {floor:.3f} ms)" if floor > budget else "")

@@ -16,6 +16,7 @@ from harness.run.bounds import (
     GAP_BOUNDS,
     check,
     classic_gap_check,
+    mixed_gap_check,
     prefill_stall_check,
     spec_action_ms,
     terms_of,
@@ -79,6 +80,10 @@ def evaluate(run, *, classic, burst) -> list[dict]:
     if "prefill_stall" in wanted:
         chunk_tokens = wanted["prefill_stall"].get("chunk_tokens", run.config.prefill_chunk_tokens)
         out.append(prefill_stall_check(run, terms, chunk_tokens))
+
+    if "mixed_step" in wanted:
+        chunk_tokens = wanted["mixed_step"].get("chunk_tokens", run.config.prefill_chunk_tokens)
+        out.append(mixed_gap_check(run, terms, chunk_tokens))
 
     if "burst_wall" in wanted:
         if not spec:

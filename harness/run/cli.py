@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-chunk-tokens", type=int, metavar="N",
                         help="prefill at most N prompt tokens per tick, 0 = whole prompts (wins over the "
                              "scenario's [scheduler]; default: the scenario's, else 0)")
+    parser.add_argument("--prefill-grant-interval", type=int, metavar="N",
+                        help="slice, burst: decode ticks a chunked prompt yields before one chunk is granted, 0 "
+                             "never (wins over MLXCEL_PREFILL_GRANT_INTERVAL and the scenario's; default 16)")
     parser.add_argument("--max-batch-prefill", type=int, metavar="M",
                         help="classic requests one prefill tick may admit together (wins over the scenario's; "
                              "default: the scenario's, else 1)")
@@ -103,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
         else:
             factory = backend_factory(args)
             clock = RealClock if args.backend == "mlx" else ManualClock
-            knobs = ("hol_budget_ms", "prefill_chunk_tokens", "max_batch_prefill")
+            knobs = ("hol_budget_ms", "prefill_chunk_tokens", "max_batch_prefill", "prefill_grant_interval")
             options = {k: getattr(args, k) for k in knobs if getattr(args, k, None) is not None}
             traces = [runner.run_scenario(s, m, args.seed, backend_factory=factory, clock_factory=clock,
                                           options=options)

@@ -27,6 +27,7 @@ ALLOWED_CALLS = {  # model calls each action may make (burst and slice 0 run ins
     ActionKind.PREFILL: {"prefill", "draft", "verify"},
     ActionKind.SPEC_ROUND: {"prefill", "draft", "verify"},
     ActionKind.FUSED: {"prefill", "draft", "fused", "decode"},
+    ActionKind.MIXED: {"decode", "prefill"},
 }
 
 
@@ -66,6 +67,7 @@ class Checked:
         self.kinds: Counter = Counter()    # tick kinds (chunk ticks, batched prefills)
         self._gap_prefills = 0             # chunking: prefill ticks since the decode rows were served
         self._gap_spec = 0                 # ... and speculative ticks
+        self._decodes_beside_chunk = 0     # upstream's rule: decode ticks a chunked prompt yielded in a row
         self.kv_full_ticks = 0
         self._last_action: ActionKind | None = None
         self._in_tick = False
@@ -165,6 +167,8 @@ class Checked:
             self._fail(where, f"{len(plan.spans)} rows prefilled together > max_batch_prefill")
         if not config.is_chunked:
             return
+        if self.scheduler.policy.follows_upstream:
+            self._check_grant(plan, where)
         drafted = {i for kind, ids in calls if kind in ("draft", "verify") for i in ids}
         for request in (plan.job.rows if plan.job is not None else []):
             if request.id in drafted and request.num_prefilled != len(request.prompt_token_ids):
@@ -173,6 +177,8 @@ class Checked:
         tokens = sum(s.stop - s.start for s in plan.spans)
         if tokens > config.prefill_chunk_tokens:
             self._fail(where, f"{tokens} prompt tokens prefilled in one tick > the chunk budget")
+        if self.scheduler.policy.follows_upstream:
+            return  # upstream's rule admits before decoding and lets a Prefill re-arm the round: no per-gap cap
         if plan.state.num_running == 0 or plan.action in (ActionKind.DECODE, ActionKind.FUSED):
             self._gap_prefills = self._gap_spec = 0  # the decode rows were served (or none waited)
             return
@@ -182,6 +188,27 @@ class Checked:
             self._fail(where, "a decode row waited two prefill ticks in a row (chunking)")
         if self._gap_spec > 1 and config.mode in ("slice", "fused") and config.is_sliced:
             self._fail(where, "a decode row waited two speculative ticks in one gap (chunking)")
+
+    def _check_grant(self, plan, where) -> None:
+        """Beside decode rows a chunked prompt yields exactly `prefill_grant_interval` decode ticks per
+        chunk (rounds move nothing; the mixed step runs a chunk every tick; 0 never grants)."""
+        state, action = plan.state, plan.action
+        interval = self.scheduler.config.prefill_grant_interval
+        if not (state.has_parked_prefill and state.num_running):
+            self._decodes_beside_chunk = 0
+            return
+        if action is ActionKind.DECODE:
+            self._decodes_beside_chunk += 1
+            if interval and self._decodes_beside_chunk > interval:
+                self._fail(where, f"{self._decodes_beside_chunk} decode ticks in a row beside a chunked prompt "
+                                  f"> the grant interval {interval}")
+        elif action is ActionKind.PREFILL:
+            if self._decodes_beside_chunk != interval or not interval:
+                self._fail(where, f"a chunk granted after {self._decodes_beside_chunk} decode ticks, not the "
+                                  f"interval {interval}")
+            self._decodes_beside_chunk = 0
+        elif action is ActionKind.MIXED:
+            self._decodes_beside_chunk = 0
 
     def _check_events(self, events, where) -> None:
         for event in events:

@@ -75,7 +75,8 @@ def prefill_knobs(seed: int) -> dict:
     rng = random.Random(f"prefill:{seed}")
     if rng.random() < 0.5:
         return {}
-    return {"prefill_chunk_tokens": rng.choice((0, 1, 2, 3, 5, 8)), "max_batch_prefill": rng.randint(1, 4)}
+    return {"prefill_chunk_tokens": rng.choice((0, 1, 2, 3, 5, 8)), "max_batch_prefill": rng.randint(1, 4),
+            "prefill_grant_interval": rng.choice((16, 0, 1, 2)), "mixed_step": rng.random() < 0.3}
 
 
 def build(seed: int, faults: tuple[str, ...], knobs: bool = True):

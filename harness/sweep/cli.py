@@ -13,7 +13,7 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="URL", help="run each point in real time against this server")
     parser.add_argument("--cost", type=Path, metavar="PROFILE.json",
                         help="price the mock with this cost profile (coopsched calibrate): a server's digital twin")
+    parser.add_argument("--prefill-grant-interval", type=int, metavar="N",
+                        help="slice, burst: decode ticks a chunked prompt yields before one chunk is granted, "
+                             "0 never (wins over MLXCEL_PREFILL_GRANT_INTERVAL and the scenario's; default 16)")
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise SweepError(f"--cost {args.cost} prices the virtual-time mock, and a --target sweep measures the "
                              "server itself: drop one")
         scen = runner.priced(scen, CostModel.load(args.cost))
+    if args.prefill_grant_interval is not None:
+        if args.target:
+            raise SweepError(f"--prefill-grant-interval {args.prefill_grant_interval} sets the virtual-time "
+                             "scheduler, and a --target sweep measures the server's own: drop one")
+        scen = replace(scen, scheduler={**scen.scheduler, "prefill_grant_interval": args.prefill_grant_interval})
     return Settings(scen, kind, loads, modes, parse_count("--seeds", args.seeds), slo_module.parse_slo(args.slo),
                     slo_module.parse_attainment(args.attainment), jobs, args.cluster, args.target,
                     None if args.cost is None else str(args.cost))

@@ -57,18 +57,19 @@ def test_slice_check_fails_when_the_yield_flag_is_never_set(monkeypatch):
 
 def two_rounds_per_classic_action(real):
     """A planted regression: under contention the job takes a second round before each classic action."""
+    from coopsched.core.policy import Decision
     from coopsched.core.types import ActionKind
 
     taken = {"extra": False}
 
-    def decide(state):
+    def decide(state, *knobs):
         if state.has_spec_work and state.last_was_spec and state.num_running > 0 and not taken["extra"]:
             taken["extra"] = True
-            return ActionKind.SPEC_ROUND
-        action = real(state)
-        if action is not ActionKind.SPEC_ROUND:
+            return Decision(ActionKind.SPEC_ROUND, None, state.decode_ticks)
+        decision = real(state, *knobs)
+        if decision.action is not ActionKind.SPEC_ROUND:
             taken["extra"] = False
-        return action
+        return decision
     return decide
 
 
@@ -97,7 +98,7 @@ def test_classic_itl_catches_a_second_round_per_gap(name, monkeypatch, tmp_path)
     path.write_text(LONG_SPEC_PROMPT)
     scen = scenario.load(str(path) if name == "long-spec-prompt" else name)
     assert checks_of(runner.run_scenario(scen, "slice"))["classic_itl"]["ok"]
-    monkeypatch.setattr(slice_mode, "decide_action", two_rounds_per_classic_action(slice_mode.decide_action))
+    monkeypatch.setattr(slice_mode, "decide_today", two_rounds_per_classic_action(slice_mode.decide_today))
     check = checks_of(runner.run_scenario(scen, "slice"))["classic_itl"]
     assert not check["ok"] and check["value"] > check["bound"]
 

@@ -40,14 +40,17 @@ class SchedulerMachine(RuleBasedStateMachine):
                 block_size=st.integers(2, 5), grant_rounds=st.integers(0, 3),
                 enable_batch=st.booleans(), backlog_cap=st.integers(1, 3),
                 eos_rate=st.sampled_from([0.0, 0.0, 0.08]), accept_prob=st.sampled_from([0.0, 0.5, 0.9]),
-                prefill_chunk_tokens=st.sampled_from([0, 0, 1, 3, 5]), max_batch_prefill=st.integers(1, 3))
+                prefill_chunk_tokens=st.sampled_from([0, 0, 1, 3, 5]), max_batch_prefill=st.integers(1, 3),
+                prefill_grant_interval=st.sampled_from([16, 0, 1, 2]), mixed_step=st.booleans())
     def setup(self, mode, max_batch_size, num_kv_slots, slot_tokens, block_size, grant_rounds,
-              enable_batch, backlog_cap, eos_rate, accept_prob, prefill_chunk_tokens, max_batch_prefill):
+              enable_batch, backlog_cap, eos_rate, accept_prob, prefill_chunk_tokens, max_batch_prefill,
+              prefill_grant_interval, mixed_step):
         config = SchedulerConfig(mode=mode, max_batch_size=max_batch_size, num_kv_slots=num_kv_slots,
                                  slot_tokens=slot_tokens, block_size=block_size,
                                  grant_rounds=grant_rounds, enable_batch=enable_batch,
                                  backlog_cap=backlog_cap, prefill_chunk_tokens=prefill_chunk_tokens,
-                                 max_batch_prefill=max_batch_prefill)
+                                 max_batch_prefill=max_batch_prefill,
+                                 prefill_grant_interval=prefill_grant_interval, mixed_step=mixed_step)
         clock = ManualClock()
         self.drafter = MockDrafter(accept_prob, seed=0, scripts={})
         mock = MockBackend(clock, CostModel.simple(5.0, 30.0, 0.2, block_size),
@@ -144,7 +147,8 @@ def _hunt() -> BaseException:
     ("yield-flag", "waited two speculative"),  # rounds in a row, or (chunking) ticks in one gap
     ("slot-release", "finished but still holds a slot"),
     ("cancel-ignored-in-round", "after its cancel took effect"),
-    ("cancelled-row-decoded", "after its cancel took effect"),
+    # the decoded cancelled row shows as a token after its cancel, or as a failed call on a finished row
+    ("cancelled-row-decoded", ("after its cancel took effect", "not finished with an error")),
     ("error-not-contained", "injected"),
     ("plain-exception-escapes", "injected"),
     ("prefill-never-yields", "waited two prefill ticks in a row"),
@@ -152,6 +156,6 @@ def _hunt() -> BaseException:
 def test_the_machine_catches_a_planted_bug(plant, expected, monkeypatch):
     apply(plant, monkeypatch)
     found = _hunt()
-    assert expected in str(found), repr(found)
+    assert any(e in str(found) for e in ((expected,) if isinstance(expected, str) else expected)), repr(found)
     again = _hunt()  # derandomized: the same hunt replays the same failure
     assert str(again) == str(found)

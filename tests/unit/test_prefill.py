@@ -106,11 +106,20 @@ def test_a_batched_prefill_stops_at_a_speculative_request_and_keeps_queue_order(
 
 
 def test_chunks_and_admissions_share_one_budget_and_the_row_cap():
+    """Fused (and cost) mode's own rule: a chunked prompt's last chunk and new admissions share a tick."""
     requests = [long_request("a", 50, arrival_ms=0), *make_requests(3, prompt_len=20, max_tokens=4, prefix="b",
                                                                      speculative=False)]
-    _, result = run(requests, prefill_chunk_tokens=32, max_batch_prefill=2)
+    _, result = run(requests, prefill_chunk_tokens=32, max_batch_prefill=2, mode="fused")
     prefills = [(t.request_ids, t.prefill_tokens or None) for t in result.ticks if t.action is ActionKind.PREFILL]
     assert prefills[:3] == [(("a",), (32,)), (("a", "b0"), (18, 14)), (("b0", "b1"), (6, 20))]
+
+
+def test_upstream_admits_nothing_while_a_prompt_is_chunked():
+    requests = [long_request("a", 50, arrival_ms=0), *make_requests(3, prompt_len=20, max_tokens=4, prefix="b",
+                                                                     speculative=False)]
+    _, result = run(requests, prefill_chunk_tokens=32, mode="slice")
+    prefills = [(t.request_ids, t.prefill_tokens or None) for t in result.ticks if t.action is ActionKind.PREFILL]
+    assert prefills[:3] == [(("a",), (32,)), (("a",), (18,)), (("b0",), None)]
 
 
 def test_a_cancelled_prefilling_row_stops_before_its_next_chunk():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ..policy import TickPolicy
 from .burst import BurstPolicy
@@ -21,9 +22,13 @@ class PolicyConfig(Protocol):
     def hol_budget_ms(self) -> float: ...
     @property
     def prefill_chunk_tokens(self) -> int: ...
+    @property
+    def prefill_grant_interval(self) -> int: ...
+    @property
+    def mixed_step(self) -> bool: ...
 
 
-POLICIES = {
+POLICIES: dict[str, Callable[[Any], TickPolicy]] = {
     "burst": BurstPolicy,  # legacy: a speculative request runs whole inside its admission tick
     "slice": SlicePolicy,  # upstream's fix: one round per tick, strict alternation
     "fused": FusedPolicy,  # classic rows and the verify in one forward

@@ -60,6 +60,8 @@ class CostEstimator:
 
 
 class CostPolicy:
+    follows_upstream = False  # its own rule: rounds budgeted in ms
+
     def __init__(self, config: Any) -> None:
         self.is_sliced = config.draft_kind != "dflash"
         self.budget_ms = config.hol_budget_ms

@@ -29,7 +29,8 @@ def decide_fused(state: TickState) -> ActionKind:
 
 
 class FusedPolicy(SlicePolicy):
-    """Slice mode's rounds and bookkeeping; only the choice of action differs."""
+    """Slice mode's rounds and bookkeeping; only the choice of action differs (its own rule)."""
+    follows_upstream = False
 
     def decide(self, state: TickState, view: SchedulerView) -> Decision:
         return DECIDED[decide_fused(state)]
