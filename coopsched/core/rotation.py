@@ -2,8 +2,9 @@
 
 The backlog holds fresh waiters (not yet begun) and expired jobs (parked with
 their state). Grants go by priority lane then FIFO, but an entry skipped
-`skip_cap` times is overdue and wins. Cancelled entries are dropped at grant
-time so they never wedge the ring.
+`skip_cap` times is overdue: the most-skipped overdue entry wins (upstream's
+order). Cancelled entries never wedge the ring: upstream's rule pops them at
+their grant (which counts as a decision); fused and cost drop them at once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .spec import SpecJob
+from .upstream_rule import next_grant_index
 
 
 class Backlog:
@@ -42,12 +44,9 @@ class Backlog:
 
     def next_grant(self) -> SpecJob | None:
         """The entry the next grant would pick (nothing changes)."""
-        if not self._entries:
-            return None
-        overdue = [j for j in self._entries if j.skips >= self.skip_cap]
-        if overdue:
-            return overdue[0]
-        return min(self._entries, key=lambda j: (min(r.priority for r in j.rows), self._entries.index(j)))
+        index = next_grant_index([(min(r.priority for r in j.rows), j.skips) for j in self._entries],
+                                 self.skip_cap)
+        return None if index is None else self._entries[index]
 
     def grant(self) -> SpecJob | None:
         """Pop the winner of the next grant; every entry left behind counts a skip."""

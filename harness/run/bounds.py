@@ -189,11 +189,13 @@ def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
 
 
 def mixed_step_ms(run, chunk_tokens: int) -> float:
-    """One mixed step: a chunk and a decode step of the largest batch in one forward (priced), or on a
+    """One mixed step: a chunk and a decode step of its largest batch in one forward (priced), or on a
     real clock the longest mixed tick measured."""
+    mixed = [t for t in run.ticks if t.kind is TickKind.MIXED]
     if run.cost is None:
-        return max((t.wall_ms for t in run.ticks if t.kind is TickKind.MIXED), default=0.0)
-    return run.cost.mixed(chunk_tokens, largest_decode_batch(run))
+        return max((t.wall_ms for t in mixed), default=0.0)
+    rows = max((sum(n == 0 for n in t.prefill_tokens) for t in mixed), default=largest_decode_batch(run))
+    return run.cost.mixed(chunk_tokens, rows)
 
 
 def mixed_gap_check(run, terms: Terms, chunk_tokens: int) -> dict:
@@ -212,6 +214,40 @@ def mixed_gap_check(run, terms: Terms, chunk_tokens: int) -> dict:
     return check("mixed_step", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1], expect,
                  f"one mixed step ({step:.3f} ms: a {chunk_tokens}-token chunk + decode, one forward), "
                  "+ a round where one ran, + admissions")
+
+
+def prefill_grant_check(run, terms: Terms, chunk_tokens: int) -> dict:
+    """Upstream's grant bound: a classic prompt prefilled in C chunks beside decode rows has its first
+    token within C chunks + (C - 1) grant cycles of `prefill_grant_interval` decode steps (each with a
+    round beside it, + one, where rounds ran) from its first chunk: C x (interval x D + P) for
+    decode D and chunk P, doubled ticks under a speculative slice. Interval 0 has no bound."""
+    interval = run.config.prefill_grant_interval
+    if interval == 0:
+        return check("prefill_grant", None, None, None, note="interval 0: a chunked prompt waits for the batch")
+    ticks = run.ticks
+    chunked: dict[str, list[int]] = {}
+    for i, t in enumerate(ticks):
+        if t.kind in (TickKind.CHUNK, TickKind.MIXED):
+            for rid, n in zip(t.request_ids, t.prefill_tokens):
+                if n and not run.by_id(rid).served_speculatively:
+                    chunked.setdefault(rid, []).append(i)
+    is_mixed = any(t.kind is TickKind.MIXED for t in ticks)
+    chunk = mixed_step_ms(run, chunk_tokens) if is_mixed else chunk_ms(run, terms, chunk_tokens, False)
+    pairs = []
+    for rid, idx in chunked.items():
+        times = run.token_times[rid]
+        if len(idx) < 2 or not times:
+            continue
+        start = ticks[idx[0]].start_ms
+        spec = any(t.action in SPEC_ACTIONS and start <= t.start_ms < times[0] for t in ticks[idx[0]:idx[-1]])
+        cycle = interval * terms.decode_ms + ((interval + 1) * terms.round_ms if spec else 0.0)
+        pairs.append((times[0] - start, (len(idx) * chunk + (len(idx) - 1) * cycle) * terms.factor))
+    worst = worst_gap(pairs)
+    if worst is None:
+        return check("prefill_grant", None, None, None, note="no classic prompt was chunked")
+    return check("prefill_grant", worst[0] <= worst[1] + EPS_MS, worst[0], worst[1],
+                 note=f"a chunked prompt's first token within C x ({interval} x decode + chunk) of its first chunk "
+                      "(with a round beside each, + 1, where rounds ran)")
 
 
 def _num_classic_rows(run) -> int:
@@ -290,12 +326,17 @@ def prefill_stall_check(run, terms: Terms, chunk_tokens: int) -> dict:
     if run.config.mode == "cost":
         spec_ms = max(spec_ms, run.config.hol_budget_ms - terms.decode_ms)
     ticks, pairs, stalled = run.ticks, [], False
-    for gap, inside in gap_ticks(run, ROUND_KINDS | SPEC_PREFILL_KINDS):
+    upstream = run.scheduler.policy.follows_upstream
+    for gap, inside in gap_ticks(run, ROUND_KINDS | SPEC_PREFILL_KINDS | {TickKind.ADMIT, TickKind.MIXED}):
+        if any(ticks[i].kind is TickKind.MIXED for i in inside):
+            continue  # a mixed step's gap: mixed_gap_check bounds it (its chunk rides with the decode)
         spec_prefill = any(ticks[i].kind in SPEC_PREFILL_KINDS and
                            run.by_id(ticks[i].request_ids[0]).served_speculatively for i in inside)
         stalled |= spec_prefill
         has_round = any(ticks[i].kind in ROUND_KINDS and ticks[i].action is not ActionKind.PREFILL for i in inside)
-        bound = terms.decode_ms + chunk_ms(run, terms, chunk_tokens, spec_prefill) + (spec_ms if has_round else 0.0)
+        # upstream's rule: a Prefill (a granted chunk) after a round clears the flag, so another round follows it
+        rounds = 1 + (earned_rounds([ticks[i] for i in inside]) if upstream else 0) if has_round else 0
+        bound = terms.decode_ms + chunk_ms(run, terms, chunk_tokens, spec_prefill) + rounds * spec_ms
         pairs.append((gap, bound * terms.factor))
     worst = worst_gap(pairs)
     if worst is None:

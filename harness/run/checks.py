@@ -17,6 +17,7 @@ from harness.run.bounds import (
     check,
     classic_gap_check,
     mixed_gap_check,
+    prefill_grant_check,
     prefill_stall_check,
     spec_action_ms,
     terms_of,
@@ -80,6 +81,10 @@ def evaluate(run, *, classic, burst) -> list[dict]:
     if "prefill_stall" in wanted:
         chunk_tokens = wanted["prefill_stall"].get("chunk_tokens", run.config.prefill_chunk_tokens)
         out.append(prefill_stall_check(run, terms, chunk_tokens))
+
+    if "prefill_grant" in wanted:
+        chunk_tokens = wanted["prefill_grant"].get("chunk_tokens", run.config.prefill_chunk_tokens)
+        out.append(prefill_grant_check(run, terms, chunk_tokens))
 
     if "mixed_step" in wanted:
         chunk_tokens = wanted["mixed_step"].get("chunk_tokens", run.config.prefill_chunk_tokens)

@@ -147,8 +147,8 @@ def _hunt() -> BaseException:
     ("yield-flag", "waited two speculative"),  # rounds in a row, or (chunking) ticks in one gap
     ("slot-release", "finished but still holds a slot"),
     ("cancel-ignored-in-round", "after its cancel took effect"),
-    # the decoded cancelled row shows as a token after its cancel, or as a failed call on a finished row
-    ("cancelled-row-decoded", ("after its cancel took effect", "not finished with an error")),
+    # the decoded row streams again, or a call fails on a row already finished
+    ("cancelled-row-decoded", ("after its finish (stop)", "not finished with an error")),
     ("error-not-contained", "injected"),
     ("plain-exception-escapes", "injected"),
     ("prefill-never-yields", "waited two prefill ticks in a row"),

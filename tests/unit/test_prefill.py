@@ -42,9 +42,9 @@ def test_bad_knobs_name_the_value(kwargs, match):
 def test_a_budget_spans_prompts_in_order_and_never_exceeds_itself():
     a, b, c = (long_request(i, n) for i, n in (("a", 10), ("b", 25), ("c", 4)))
     spans = spans_for([a, b, c], Budget(16, 3))
-    assert [(s.request.id, s.start, s.stop) for s in spans] == [("a", 0, 10), ("b", 0, 6)]
+    assert [(s.seq_id, s.start, s.stop) for s in spans] == [("a", 0, 10), ("b", 0, 6)]
     b.num_prefilled = 6
-    assert [(s.request.id, s.start, s.stop) for s in spans_for([b, c], Budget(16, 1))] == [("b", 6, 22)]
+    assert [(s.seq_id, s.start, s.stop) for s in spans_for([b, c], Budget(16, 1))] == [("b", 6, 22)]
     assert [(s.start, s.stop) for s in spans_for([a, b, c], Budget(0, 2))] == [(0, 10), (6, 25)]  # 0: whole
 
 
@@ -98,11 +98,25 @@ def test_a_batched_prefill_admits_several_requests_in_one_forward_paying_the_fix
 
 
 def test_a_batched_prefill_stops_at_a_speculative_request_and_keeps_queue_order():
+    """Fused (and cost) mode's own rule: a speculative request waits to head its own admission."""
     requests = make_requests(5, prompt_len=6, max_tokens=4, speculative=False)
     requests[2].speculative = True
-    _, result = run(requests, max_batch_prefill=8)
+    _, result = run(requests, max_batch_prefill=8, mode="fused")
     admissions = [t.request_ids for t in result.ticks if t.action is ActionKind.PREFILL]
     assert admissions[:3] == [("r0", "r1"), ("r2",), ("r3", "r4")]
+
+
+@pytest.mark.parametrize("mode", ["slice", "burst"])
+def test_upstream_batched_prefill_bypasses_speculation_with_two_or_more_queued(mode):
+    requests = make_requests(5, prompt_len=6, max_tokens=4, speculative=False)
+    requests[2].speculative = True
+    engine, result = run(requests, max_batch_prefill=8, mode=mode)
+    admissions = [t.request_ids for t in result.ticks if t.action is ActionKind.PREFILL]
+    assert admissions[0] == ("r0", "r1", "r2", "r3", "r4")
+    assert not requests[2].served_speculatively and not engine.scheduler.obs.bursts
+    lone = Request("s", (1, 2, 3), 8)  # one queued request takes the single path: speculation as usual
+    engine, _ = run([lone], max_batch_prefill=8, mode=mode)
+    assert lone.served_speculatively
 
 
 def test_chunks_and_admissions_share_one_budget_and_the_row_cap():

@@ -50,15 +50,65 @@ def test_g0_means_no_rotation_and_no_waiters():
 
 
 def test_cancelled_waiter_never_wedges_the_ring(golden_logs):
+    """Upstream's rule: a cancelled waiter keeps its backlog place until its grant pops it (c, arriving
+    meanwhile, finds the backlog full and is served classically); the pop aborts it with an error."""
     scheduler = contend(2, 3, cancel={4: "b"})
     assert scheduler.obs.grant_log == golden_logs["G2-n3-cancel-waiter-b"]
-    assert "drop:b" in scheduler.obs.grant_log
+    assert "drop:b" in scheduler.obs.grant_log and "c" not in scheduler.obs.grant_log
+
+
+def test_a_cancelled_waiter_is_aborted_with_an_error_at_its_grant():
+    backend = make_backend(accept_prob=0.0)
+    engine = make_engine(backend, grant_rounds=2)
+    scheduler = engine.scheduler
+    for name in "ab":
+        scheduler.submit(Request(name, (1, 2, 3), 12))
+    finished = {}
+    engine.on_event = lambda e: finished.update({e.seq_id: e}) if e.finish_reason else None
+    for tick in range(60):
+        if tick == 3:
+            scheduler.cancel("b")  # b is a parked waiter
+        if not scheduler.has_work:
+            break
+        engine.step()
+    b = finished["b"]
+    assert b.finish_reason.value == "error" and b.token_ids == ()
+    assert b.outcome.error == "Request cancelled while waiting for the speculative slice slot"
+    assert finished["a"].finish_reason.value == "length" and scheduler.kv.num_in_use == 0
 
 
 def test_cancelled_parked_job_never_wedges_the_ring(golden_logs):
+    """Upstream's rule: a cancelled parked job is granted as any other and stops at its round's top."""
     scheduler = contend(2, 3, cancel={9: "a"})
     assert scheduler.obs.grant_log == golden_logs["G2-n3-cancel-parked-a"]
-    assert "drop:a" in scheduler.obs.grant_log
+    assert scheduler.obs.grant_log.count("a") == 2 and "drop:a" not in scheduler.obs.grant_log
+
+
+@pytest.mark.parametrize("mode", ["fused", "cost"])
+def test_fused_and_cost_drop_cancelled_entries_at_once(mode):
+    backend = make_backend(accept_prob=0.0)
+    engine = make_engine(backend, grant_rounds=2, mode=mode)
+    scheduler = engine.scheduler
+    for name in "ab":
+        scheduler.submit(Request(name, (1, 2, 3), 12))
+    for _ in range(3):
+        engine.step()
+    assert "b" in [j.ids[0] for j in scheduler.backlog]
+    scheduler.cancel("b")
+    engine.step()
+    assert "b" not in [j.ids[0] for j in scheduler.backlog] and "drop:b" in scheduler.obs.grant_log
+
+
+def test_grant_order_most_skipped_overdue_first_and_cancelled_pops_count():
+    from coopsched.core import Priority
+    from coopsched.core.rotation import Backlog
+    from coopsched.core.spec import SpecJob
+    jobs = [SpecJob([Request(i, (1,), 4, priority=p)], 4) for i, p in (("n", Priority.NORMAL), ("h", Priority.HIGH))]
+    backlog = Backlog(cap=3, skip_cap=2)
+    for job, skips in zip(jobs, (2, 3)):
+        backlog.park(job)
+        job.skips = skips
+    assert backlog.grant() is jobs[1] and jobs[0].skips == 3  # upstream's row [(Normal, 2), (High, 3)] -> 1
 
 
 def test_priority_lane_wins_until_an_entry_is_overdue():
