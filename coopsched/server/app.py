@@ -81,6 +81,8 @@ def create_app(host: EngineHost) -> FastAPI:
                 "mode": host.config.mode, "block_size": host.config.block_size,
                 "grant_rounds": host.config.grant_rounds, "backlog_cap": host.config.backlog_cap,
                 "max_batch_size": host.config.max_batch_size,
+                "prefill_chunk_tokens": host.config.prefill_chunk_tokens,
+                "prefill_grant_interval": host.config.prefill_grant_interval, "mixed_step": host.config.mixed_step,
                 "context_tokens": host.config.slot_tokens, "max_queue": host.max_queue,
                 "costs": host.model.costs}
         if host.failure is not None:

@@ -66,6 +66,11 @@ class Metrics:
                                           "(K per round)", registry=registry)
         self.llama_accepted = Counter("llamacpp:spec_decode_num_accepted_tokens", "Speculative: draft tokens "
                                       "accepted (tokens a round emitted minus one)", registry=registry)
+        self.prefill_grants = Counter("coopsched_prefill_grants", "Chunks granted to a chunked prompt beside decode "
+                                      "rows (slice, burst: after prefill_grant_interval decode ticks)",
+                                      registry=registry)
+        self.mixed_steps = Counter("coopsched_mixed_steps", "Mixed steps: a chunk and the decode rows in one forward",
+                                   registry=registry)
         for kind in ITL_KINDS:  # export both series from the start
             self.itl.labels(kind=kind)
         self._hol_waiters_max = 0
@@ -84,7 +89,8 @@ class Metrics:
         """One committed tick: its counter deltas, HOL waits, and the finished requests' records."""
         deltas = committed.deltas
         for counter, delta in ((self.spec_rounds, deltas.rounds), (self.spec_draft_tokens, deltas.drafted),
-                               (self.spec_accepted_tokens, deltas.accepted), (self.spec_slices, deltas.slices)):
+                               (self.spec_accepted_tokens, deltas.accepted), (self.spec_slices, deltas.slices),
+                               (self.prefill_grants, deltas.prefill_grants), (self.mixed_steps, deltas.mixed_steps)):
             if delta:
                 counter.inc(delta)
         for wait, count in deltas.hol_waits:

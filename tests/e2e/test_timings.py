@@ -11,7 +11,7 @@ import threading
 
 import httpx
 import pytest
-from e2e_servers import serve
+from e2e_servers import clean_env, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -76,3 +76,28 @@ def test_a_stream_carries_timings_in_its_final_chunks():
     assert finish["timings"]["predicted_n"] == usage["usage"]["completion_tokens"] == 20
     assert finish["timings"]["draft_n"] > 0
     assert all("timings" not in c for c in chunks if c is not finish and c is not usage)
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["grant", "mixed-step"])
+def test_serve_counts_its_grants_and_mixed_steps(mixed):
+    """Three rows decode while a 400-token prompt prefills in chunks of 64: granted chunks (after two
+    decode ticks each), or with MLXCEL_MIXED_STEP=1 mixed steps; /health says which."""
+    env = clean_env(**({"MLXCEL_MIXED_STEP": "1"} if mixed else {}))
+    with serve("--decode-ms", "1", "--prefill-chunk-tokens", "64", "--prefill-grant-interval", "2", env=env) as served:
+        health = httpx.get(f"{served.url}/health").json()
+        before = served.metrics()
+        outs = [[] for _ in range(4)]
+        jobs = [("row", 300, False)] * 3 + [("x" * 400, 4, False)]
+        threads = [threading.Thread(target=complete, args=(served.url, *job, out)) for job, out in zip(jobs, outs)]
+        for thread in threads[:3]:
+            thread.start()
+        assert wait_for(lambda: served.metrics()["coopsched_requests_running"] >= 3)  # the rows decode first
+        threads[3].start()
+        for thread in threads:
+            thread.join(timeout=60)
+        after = served.metrics()
+    assert (health["prefill_grant_interval"], health["mixed_step"], health["prefill_chunk_tokens"]) == (2, mixed, 64)
+    assert all(out and out[0]["usage"]["completion_tokens"] > 0 for out in outs)
+    grants = after["coopsched_prefill_grants_total"] - before["coopsched_prefill_grants_total"]
+    steps = after["coopsched_mixed_steps_total"] - before["coopsched_mixed_steps_total"]
+    assert (steps > 0, grants) == (True, 0) if mixed else (grants > 0, steps) == (True, 0)

@@ -4,6 +4,7 @@ line with exit 2 and no traceback."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -177,6 +178,10 @@ BAD = [  # id, arguments after the scenario (None: the mixed file), fragments of
      ["--cost p.json prices the virtual-time mock", "drop one"]),
     ("cost-unreadable", ["--rates", "2", "--cost", "no-such-profile.json"],
      ["cannot read cost profile no-such-profile.json"]),
+    ("grant-interval-and-target", ["--rates", "2", "--prefill-grant-interval", "4", "--target", "http://127.0.0.1:1"],
+     ["--prefill-grant-interval 4 sets the virtual-time scheduler", "drop one"]),
+    ("grant-interval-negative", ["--rates", "2", "--prefill-grant-interval", "-1"],
+     ["prefill_grant_interval=-1", "[0, 2**32)"]),
     ("target-unreachable", ["--rates", "2", "--target", f"http://127.0.0.1:{DEAD_PORT}"],
      [f"--target http://127.0.0.1:{DEAD_PORT}: no server answered"]),
 ]
@@ -222,3 +227,14 @@ def test_without_dask_the_cluster_option_says_what_to_install(mixed, capsys, mon
 def test_a_low_attainment_is_a_result_not_an_error(mixed, capsys):
     assert cli(["sweep", str(mixed), "--rates", "6", "--mode", "burst", "--seeds", "1", "--slo", "itl_ms=1"]) == 0
     assert "burst none" in capsys.readouterr().out
+
+
+def test_the_grant_interval_flag_wins_over_the_gate(mixed, monkeypatch):
+    monkeypatch.setenv("MLXCEL_PREFILL_GRANT_INTERVAL", "3")
+    parser = argparse.ArgumentParser()
+    sweep_cli.add_arguments(parser)
+    settings = sweep_cli.settings_from(parser.parse_args([str(mixed), "--rates", "2", "--prefill-grant-interval", "7"]))
+    (task, *_) = sweep_cli.Sweep(settings).tasks
+    assert task.config.prefill_grant_interval == 7
+    settings = sweep_cli.settings_from(parser.parse_args([str(mixed), "--rates", "2"]))
+    assert sweep_cli.Sweep(settings).tasks[0].config.prefill_grant_interval == 3

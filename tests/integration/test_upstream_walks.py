@@ -65,3 +65,25 @@ def test_the_mixed_step_runs_a_chunk_beside_the_decode_rows_every_tick(tmp_path)
     mixed = [t for t in trace["ticks"] if t["action"] == "mixed"][:3]
     assert [t["request_ids"] for t in mixed] == [["c0", "c1", "c2", "long"]] * 3
     assert [t["prefill_tokens"] for t in mixed] == [[0, 0, 0, 1]] * 3
+
+
+def test_the_gate_sets_the_interval_and_the_flag_wins_over_it(tmp_path, monkeypatch):
+    scen = walk_scenario(tmp_path, 600)
+    monkeypatch.setenv("MLXCEL_PREFILL_GRANT_INTERVAL", "0")  # the chunked prompt runs once the batch drains
+    assert walk(scen)[0][:1000] == "D" * 1000
+    monkeypatch.setenv("MLXCEL_PREFILL_GRANT_INTERVAL", " 4 ")
+    assert walk(scen)[0].index("P") == 4
+    monkeypatch.setenv("MLXCEL_PREFILL_GRANT_INTERVAL", "16x")  # garbage: the default, 16
+    assert walk(scen)[0].index("P") == 16
+    assert walk(scen, prefill_grant_interval=2)[0].index("P") == 2
+
+
+def test_interval_one_is_july_cadence_a_chunk_after_every_decode():
+    """The July rule ran a chunk after every decode step: interval 1 gives that cadence back."""
+    def cadence(**options) -> str:
+        trace = runner.run_scenario(scenario.load("long-prompt"), "slice", options=options)
+        ticks = [t for t in trace["ticks"] if t["end_ms"] <= trace["requests"][4]["token_times_ms"][0]]
+        start = next(i for i, t in enumerate(ticks) if t["request_ids"] == ["long-classic"])
+        return "".join("C" if t["detail"] == "chunk" else LETTER[t["action"]] for t in ticks[start:])
+    assert cadence(prefill_grant_interval=1) == "CD" * 7 + "C"
+    assert cadence().startswith(("C" + "D" * 16) * 5)  # the default, 16 (then the rows are done)
