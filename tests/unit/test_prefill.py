@@ -159,3 +159,15 @@ def test_mock_prefill_batch_equals_whole_prefills_and_checks_its_spans():
     with pytest.raises(ValueError, match=r"span \[10, 20\) of a 60-token prompt, but its cache holds 60"):
         backend.prefill_batch([row(10, 20)])
     assert backend.clock.now() == pytest.approx(COST.chunk(25) + COST.chunk(35))
+
+
+def test_a_mixed_step_is_one_tick_of_a_chunk_and_the_decode_rows_priced_from_the_terms():
+    classic = make_requests(2, max_tokens=60, prefix="c", speculative=False)
+    engine, result = run([*classic, long_request()], prefill_chunk_tokens=64, mixed_step=True)
+    mixed = [t for t in result.ticks if t.kind is TickKind.MIXED]
+    assert [t.prefill_tokens for t in mixed] == [(0, 0, 64), (0, 0, 64), (0, 0, 64), (0, 0, 44)]
+    assert all(t.action is ActionKind.MIXED and t.request_ids == ("c0", "c1", "long") for t in mixed)
+    assert all(t.wall_ms == pytest.approx(COST.mixed(t.prefill_tokens[-1], 2)) for t in mixed)
+    assert COST.mixed(64, 2) == pytest.approx(COST.chunk(64) + COST.decode(2))
+    assert engine.scheduler.obs.mixed_steps == 4 and engine.scheduler.obs.prefill_grants == 0
+    assert max_gap(token_times(result)["c0"]) == pytest.approx(COST.chunk(64) + COST.mixed(64, 2))  # admission + M
