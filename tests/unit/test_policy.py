@@ -2,7 +2,7 @@
 
 import pytest
 
-from coopsched.core.policy import ActionKind, TickState, decide_action, next_yield_flag
+from coopsched.core.policy import ActionKind, TickState, decide_action, decide_today, next_yield_flag
 
 P, D, S, I = ActionKind.PREFILL, ActionKind.DECODE, ActionKind.SPEC_ROUND, ActionKind.IDLE
 
@@ -58,3 +58,24 @@ def test_rounds_and_classic_actions_strictly_alternate_under_contention():
         seen.append(action)
         flag = next_yield_flag(flag, action)
     assert seen == [S, D, S, D, S, D]
+
+
+@pytest.mark.parametrize("state, interval, mixed, expected", [
+    pytest.param(TickState(num_running=2, has_chunked_prefill=True), 16, False, (D, 1), id="chunk-waits-its-grant"),
+    pytest.param(TickState(num_running=2, has_chunked_prefill=True, decode_ticks=16), 16, False, (P, 0),
+                 id="grant-due"),
+    pytest.param(TickState(num_running=2, has_chunked_prefill=True, decode_ticks=99), 0, False, (D, 100),
+                 id="interval-0-never-grants"),
+    pytest.param(TickState(num_running=2, has_chunked_prefill=True), 16, True, (ActionKind.MIXED, 0),
+                 id="mixed-step"),
+    pytest.param(TickState(has_chunked_prefill=True), 16, True, (P, 0), id="no-rows-no-mixed"),
+    pytest.param(TickState(num_running=2, has_chunked_prefill=True, num_admissible=3), 16, False, (D, 1),
+                 id="nothing-admitted-while-chunked"),
+    pytest.param(TickState(num_running=1, num_queued=3, num_admissible=0), 16, False, (D, 0),
+                 id="kv-full-queue-is-empty"),
+    pytest.param(TickState(has_spec_work=True, num_running=1, has_chunked_prefill=True, decode_ticks=5), 4, False,
+                 (S, 5), id="round-keeps-the-counter"),
+])
+def test_decide_today_maps_the_scheduler_state_onto_upstreams_rule(state, interval, mixed, expected):
+    decision = decide_today(state, interval, mixed)
+    assert (decision.action, decision.decode_ticks) == expected
