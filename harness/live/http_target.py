@@ -19,8 +19,9 @@ from harness.live import client, stalls
 from harness.live.solo import RULE as SOLO_RULE
 from harness.live.solo import SOLO_RUNS, solo_limit
 from harness.run import metrics
-from harness.run.bounds import REAL_TIME_ALLOWANCE, check
+from harness.run.bounds import REAL_TIME_ALLOWANCE
 from harness.run.scenario import RequestSpec, Scenario
+from harness.verdict.check import record as check
 from mocks import CostModel
 
 SLACK_MS = 10.0          # real-time slack on every cost-derived bound (HTTP, thread wake-ups)

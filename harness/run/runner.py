@@ -137,7 +137,7 @@ def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
                  backend_factory: BackendFactory = mock_backend, clock_factory=ManualClock,
                  options: dict | None = None) -> dict:
     """The trace of one scenario x mode, with its checks evaluated."""
-    from harness.run.checks import evaluate
+    from harness.verdict.virtual import evaluate
 
     config = scenario_config(scenario, mode, options)
     run = execute(scenario, config, seed, backend_factory=backend_factory, clock=clock_factory())
@@ -148,4 +148,4 @@ def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
     if config.mode != "burst" and scenario.runs_reference("vs_burst"):
         burst = execute(scenario, config.with_(mode="burst"), seed, backend_factory=backend_factory,
                         clock=clock_factory())
-    return to_trace(run, evaluate(run, classic=classic, burst=burst), seed)
+    return to_trace(run, [c.to_json() for c in evaluate(run, classic=classic, burst=burst)], seed)

@@ -106,7 +106,7 @@ def test_a_round_tick_that_runs_the_whole_request_fails_even_on_measured_terms(m
     """On a real clock with no cost model the time bounds come from the ticks themselves, so a tick
     that ran every remaining round sets its own bound; rounds_per_slice counts rounds, not ms."""
     from coopsched.executor import Executor
-    from harness.run.checks import evaluate
+    from harness.verdict.virtual import evaluate
     one_round = Executor._round
 
     def every_round(self, job, out, classic=None):
@@ -117,9 +117,9 @@ def test_a_round_tick_that_runs_the_whole_request_fails_even_on_measured_terms(m
     scen = scenario.load("concurrency2")
     run = runner.execute(scen, runner.scenario_config(scen, "slice"))
     run.cost = None  # the real-backend path: terms from measured ticks
-    checks = {c["name"]: c for c in evaluate(run, classic=None, burst=None)}
-    assert checks["burst_wall"]["ok"]  # ... which a whole-request tick passes by construction
-    assert not checks["rounds_per_slice"]["ok"] and checks["rounds_per_slice"]["value"] > 1
+    checks = {c.name: c for c in evaluate(run, classic=None, burst=None)}
+    assert checks["burst_wall"].ok  # ... which a whole-request tick passes by construction
+    assert not checks["rounds_per_slice"].ok and checks["rounds_per_slice"].value > 1
 
 
 def test_the_decode_term_is_the_largest_batch_a_decode_served(tmp_path):
