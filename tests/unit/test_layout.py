@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("coopsched", "harness", "mocks")
+PACKAGES = ("coopsched", "harness", "mocks", "tools")  # tools/: scripts that measure rather than test
 IMPURE = {"time", "os", "threading", "asyncio", "random", "socket", "subprocess", "mlx", "mlx_lm", "numpy"}
 
 
@@ -91,13 +91,22 @@ def test_nothing_imports_the_tests(package):
 
 
 def test_imports_point_one_way():
-    """core <- backends, mocks <- engine, executor <- server, harness: nothing below imports what is above it."""
+    """core <- backends, mocks <- engine, executor <- server, harness <- tools: nothing below imports what is
+    above it; the verdict record imports nothing of ours, and harness's jobs do not import one another."""
     edges = internal_edges(modules())
     above = {"coopsched.core": ("coopsched.backends", "coopsched.engine", "coopsched.executor", "coopsched.server",
                                 "mocks", "harness"),
              "mocks": ("coopsched.server", "coopsched.engine", "harness"),
              "coopsched.engine": ("coopsched.server", "harness"),
-             "coopsched.server": ("harness",)}
+             "coopsched.server": ("harness",),
+             # the check record stands alone; the jobs that make checks do not import one another
+             "harness.verdict.check": ("coopsched", "harness", "mocks"),
+             "harness.verdict": ("harness.judge", "harness.report", "harness.sweep"),
+             "harness.run": ("harness.judge", "harness.report", "harness.sweep"),
+             "harness.live": ("harness.judge", "harness.report", "harness.sweep"),
+             "harness.judge": ("harness.report", "harness.sweep", "harness.live"),
+             # measuring scripts use the package; nothing in it uses them
+             "coopsched": ("tools",), "mocks": ("tools",), "harness": ("tools",)}
     for module, targets in edges.items():
         for low, highs in above.items():
             if module == low or module.startswith(low + "."):
