@@ -22,6 +22,7 @@ from harness.run import metrics
 from harness.run.bounds import REAL_TIME_ALLOWANCE
 from harness.run.scenario import RequestSpec, Scenario
 from harness.verdict.check import record as check
+from harness.verdict.live import stall_check
 from mocks import CostModel
 
 SLACK_MS = 10.0          # real-time slack on every cost-derived bound (HTTP, thread wake-ups)
@@ -268,15 +269,7 @@ def classic_gap_check(outs: list[Streamed], terms: CostTerms, per_gap: int) -> d
 
 def _charged_check(name: str, waits: list[stalls.Wait], outs: list[Streamed], rule: stalls.Rule, limit: str) -> dict:
     """A time check whose waits over their limit fail it only when the stall rule charges them."""
-    line = stalls.judge(waits, [o.stream for o in outs if o.stream is not None], rule)
-    summary = stalls.summarize(waits, line, rule)
-    worst = max(waits, key=lambda w: w.ms - w.limit_ms)
-    shown = max([w for w in waits if w.verdict == "hol"] or [worst], key=lambda w: w.ms - w.limit_ms)
-    record = check(name, summary.num_hol == 0, shown.ms, shown.limit_ms,
-                   note=f"worst: {shown.stream.id} (token {shown.index}, {shown.evidence} tokens of {shown.by} in it, "
-                        f"allowed {shown.allowance}); {summary.num_over} of {summary.num_waits} over the limit: "
-                        f"{summary.num_hol} head-of-line, {summary.num_noise} noise; {limit}; {summary.rule}")
-    return record | {"stalls": summary.to_json()}
+    return stall_check(name, waits, [o.stream for o in outs if o.stream is not None], rule, limit).to_json()
 
 
 def burst_wall_check(outs: list[Streamed], terms: CostTerms) -> dict:
