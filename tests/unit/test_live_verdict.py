@@ -3,6 +3,8 @@ a kind without samples is skipped (ok null, never a pass), a failed request fail
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from harness.live import stalls
 from harness.live.samples import Samples
 from harness.verdict.live import locust_verdict, stall_check, with_locust_failures
@@ -14,7 +16,7 @@ COSTS = {"decode_ms": 5.0, "round_ms": 30.0, "slice0_fixed_ms": 2.0, "slice0_per
 def sample(kind: str, sent_ms: float, times_ms: list[float], failed: str | None = None) -> dict:
     ns = [round(t * MS) for t in times_ms]
     st = stalls.Stream(f"{kind}-{sent_ms}", kind, round(sent_ms * MS), tuple(ns), tuple(ns))
-    return {"ttft_ns": [ns[0] - st.sent_ns] if ns else [], "gaps_ns": [b - a for a, b in zip(ns, ns[1:])],
+    return {"ttft_ns": [ns[0] - st.sent_ns] if ns else [], "gaps_ns": [b - a for a, b in pairwise(ns)],
             "failed": failed, "prompt_tokens": [16], "events": len(ns), "tokens": len(ns), "stream": st.to_json(),
             "request": {"id": st.id, "kind": kind, "error": failed}}
 
