@@ -70,3 +70,13 @@ def test_the_stall_check_keeps_the_rules_summary():
     check = stall_check("classic_itl", stalls.waits_of(c, 69.4), [c, s], stalls.Rule(tokens_per_round=4), "limit")
     assert check.holds is False and check.value == 800.0 and check.bound == 69.4
     assert check.to_json()["stalls"]["hol"] == 1 and "limit" in check.note
+
+
+def test_the_soak_names_each_problem_from_its_checks():
+    from harness.live.soak import checks, verdict
+
+    fine = {"failures": 0, "rss_growth": 0.02, "idle_after": True, "server_exit_code": 0, "requests": 900}
+    assert verdict(fine, 0.10) == [] and all(c.ok for c in checks(fine, 0.10))
+    leaky = fine | {"rss_growth": 0.25, "idle_after": False}
+    assert verdict(leaky, 0.10) == ["RSS grew 25.0% (limit 10%)",
+                                    "the server still held slots or requests after the load"]
