@@ -262,6 +262,7 @@ class Facts:
     gate_mentions: set[str]
     metrics: list[Family]
     keys: dict[str, list[str]]       # JSON section -> every key path a real output has
+    outputs: dict[str, list] = field(default_factory=dict, repr=False)  # those outputs
 
 
 def collect(workdir: Path | None = None) -> Facts:
@@ -270,7 +271,7 @@ def collect(workdir: Path | None = None) -> Facts:
         outputs = collect_outputs(Path(workdir or tmp))
     keys = {s: key_paths(outputs[s], meanings[s]) for s, _, _ in JSON_SECTIONS}
     gates, mentions = collect_gates()
-    return Facts(collect_cli(), gates, mentions, collect_metrics(), keys)
+    return Facts(collect_cli(), gates, mentions, collect_metrics(), keys, outputs)
 
 
 def load_meanings() -> dict[str, dict]:
