@@ -21,3 +21,12 @@ def test_a_planted_broken_link_and_anchor_are_caught(tmp_path, monkeypatch):
     assert check_links.broken_links(check_links.doc_files(tmp_path)) == [
         "README.md:3: link 'docs/missing.md': docs/missing.md does not exist",
         "README.md:4: link 'docs/a.md#nowhere': a.md has no heading with anchor #nowhere"]
+
+
+def test_the_readme_is_a_front_page_that_opens_with_its_two_commands():
+    lines = (check_links.ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move detail into docs/"
+    assert lines[2:5] == ["```sh",
+                          "pip install -e '.[all]' && coopsched run     # the main job: every scenario, every mode, "
+                          "on the embedded mock",
+                          "pip install tox && tox                       # the tests (what CI runs)"]
