@@ -75,7 +75,9 @@ def _walk_parser(parser: argparse.ArgumentParser, path: str, help_text: str, out
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction) or action is sub:
             continue
-        name = action.option_strings[-1] if action.option_strings else (action.metavar or action.dest)
+        # a `|` in a table's code span shows as `\|`: a positional NAME|PATH is listed as "NAME or PATH"
+        name = action.option_strings[-1] if action.option_strings else (action.metavar or action.dest).replace(
+            "|", " or ")
         metavar = "" if action.nargs == 0 or not action.option_strings else (action.metavar or action.dest.upper())
         if action.choices and not action.metavar and action.option_strings:
             metavar = "|".join(map(str, action.choices))
@@ -296,7 +298,8 @@ def render_cli(commands: list[Command]) -> str:
         lines += ["", f"## {command.path}", "", cell(command.help), "", "```text", command.usage, "```", ""]
         if command.args:
             lines += ["| argument | value | default | meaning |", "|---|---|---|---|"]
-            lines += [f"| `{cell(a.name)}` | {f'`{cell(a.metavar)}`' if a.metavar else ''} | {cell(a.default)} | "
+            lines += [f"| `{cell(a.name)}` | {', '.join(f'`{cell(v)}`' for v in a.metavar.split('|') if v)} | "
+                      f"{cell(a.default)} | "
                       f"{cell(a.help)} |" for a in command.args]
     return "\n".join(lines) + "\n"
 
