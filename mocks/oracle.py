@@ -31,8 +31,8 @@ def expected(target: MockTarget, request: Request, detokenize: Detokenize = BYTE
       added and at least `min_tokens` tokens are out: one that ended earlier never counts;
     - otherwise `max_tokens` ends it (`length`); a stop string on the last token wins over length.
     """
-    prompt, sampling = list(request.prompt_token_ids), request.sampling
-    context, h, out = list(prompt), context_hash(prompt), []
+    prompt, sampling, stop = list(request.prompt_token_ids), request.sampling, request.stop
+    context, h, out, text = list(prompt), context_hash(prompt), [], ""
     while len(out) < request.max_tokens:
         masked = sampling.ignore_eos or len(out) < sampling.min_tokens
         token = target.next_token(context, h, len(prompt), sampling.temperature, sampling.seed, masked)
@@ -41,12 +41,9 @@ def expected(target: MockTarget, request: Request, detokenize: Detokenize = BYTE
         out.append(token)
         context.append(token)
         h = extend_hash(h, token)
-        if request.stop and len(out) >= sampling.min_tokens and stop_ends_here(out, request.stop, detokenize):
-            return Expected(out, FinishReason.STOP)
+        if stop:  # the whole output's text; the newest token added what lies past `before`
+            before, text = len(text), detokenize(out)
+            if len(out) >= sampling.min_tokens and any(text.find(s, max(before - len(s) + 1, 0)) != -1
+                                                       for s in stop):
+                return Expected(out, FinishReason.STOP)
     return Expected(out, FinishReason.LENGTH)
-
-
-def stop_ends_here(tokens: Sequence[int], stop: Sequence[str], detokenize: Detokenize) -> bool:
-    """Whether a stop string ends within the text the last token added to the whole output's text."""
-    text, before = detokenize(tokens), len(detokenize(tokens[:-1]))
-    return any(text.find(s, max(before - len(s) + 1, 0)) != -1 for s in stop)
