@@ -209,7 +209,7 @@ def parity(ctx: Context) -> Check | None:
 
 
 def kv_released(ctx: Context) -> Check:
-    leaked = ctx.run.scheduler.kv.num_in_use + getattr(ctx.run.backend, "num_live", 0)
+    leaked = ctx.run.scheduler.kv.num_in_use + ctx.run.backend.num_live
     return Check("kv_released", leaked == 0, leaked, 0, note="slots and caches freed")
 
 
