@@ -58,32 +58,43 @@ class Rule:
     tokens_per_round: int          # R
     rounds: int = 1                # rounds of other work a wait may hold (the bound's spec actions)
     admissions: int = 1            # first tokens (slice 0, a prefill) a wait may hold
-    pace_ms: float | None = None   # client timeline: the fastest stream's ms per token alone
+    pace_ms: float | None = None   # client timeline: ms per token alone (the fastest kind's, see pace_ms)
+    paces: tuple[tuple[str, float], ...] = ()  # per stream kind, when known: wins over pace_ms
 
-    def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0) -> int:
+    def pace_of(self, kind: str | None) -> float | None:
+        return dict(self.paces).get(kind, self.pace_ms) if kind is not None else self.pace_ms
+
+    def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0,
+                  kind: str | None = None, num_tokens: int | None = None) -> int:
         """A; `rounds` and `admissions` add a wait's own extra (requests pending in it). On client
-        arrivals another stream may also stream at its own pace for as long as the wait's limit: the
-        client cannot tell a frozen reader (its events buffered, read at once) from a server ahead."""
+        arrivals another stream may also stream at its own pace (of its `kind`) for as long as the
+        wait's limit: the client cannot tell a frozen reader (its events buffered, read at once) from
+        a server ahead; but never more than half of that stream's `num_tokens`: a wait that may
+        hold a whole reply cannot tell a burst from a pace."""
         extra = 0
+        pace = self.pace_of(kind)
         if timeline == CLIENT:
             extra = self.tokens_per_round  # a round read out of order
-            if self.pace_ms:
-                extra += math.ceil(limit_ms / self.pace_ms)
+            if pace:
+                paced = math.ceil(limit_ms / pace)
+                extra += paced if num_tokens is None else min(paced, math.ceil(num_tokens / 2))
         return (self.rounds + rounds) * self.tokens_per_round + self.admissions + admissions + extra
 
     def describe(self, timeline: str) -> str:
         a = self.allowance(timeline)
         where = "on the server's tick timeline (each event carries its tick end)"
+        paced = self.pace_ms or self.paces
         if timeline == CLIENT:
+            paces = ", ".join(f"{k} {v:.2f}" for k, v in self.paces) or f"{self.pace_ms or 0:.2f}"
             where = (f"on the client's arrivals (no tick stamps; a lump, arrivals under {LUMP_MS:g} ms apart, counts "
                      f"in the share of the time since its stream's previous arrival that lies in the wait, and one "
                      f"more round is allowed for reordering"
-                     + (f"; plus one token per {self.pace_ms:.2f} ms of the wait's limit, the fastest stream's "
-                        f"pace alone" if self.pace_ms else "") + ")")
+                     + (f"; plus one token per pace interval of the wait's limit (ms per token alone, sent to last "
+                        f"token: {paces}), at most half of that stream's tokens" if paced else "") + ")")
         plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
         return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
                 f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
-                f"{' (+ pace)' if timeline == CLIENT and self.pace_ms else ''} tokens made during it, "
+                f"{' (+ pace)' if timeline == CLIENT and paced else ''} tokens made during it, "
                 f"{where}, beyond the tokens the waiting stream caught up on in the lump that ended the wait; "
                 f"otherwise it is noise (every stream waited alike) and counts at its limit")
 
@@ -112,11 +123,18 @@ class Wait:
 
 
 def pace_ms(streams: Sequence[Stream]) -> float | None:
-    """The fastest stream's mean ms per token from its first token to its last (solo runs give each
-    kind's own pace; a mean, since servers such as vLLM deliver events in bunches)."""
-    paces = [(s.arrivals_ns[-1] - s.arrivals_ns[0]) / 1e6 / (len(s.arrivals_ns) - 1) for s in streams
-             if len(s.arrivals_ns) > 2 and s.arrivals_ns[-1] > s.arrivals_ns[0]]
+    """The fastest stream's ms per token over its whole life, sent to last token. Not first to last
+    token: a reply that arrives in one lump (a burst) would have a pace of ~0 and excuse thousands
+    of tokens; its tokens were made between its sending and its arrival, and no faster."""
+    paces = [(s.arrivals_ns[-1] - s.sent_ns) / 1e6 / len(s.arrivals_ns) for s in streams
+             if len(s.arrivals_ns) > 1 and s.arrivals_ns[-1] > s.sent_ns]
     return min(paces, default=None)
+
+
+def paces_by_kind(streams: Sequence[Stream]) -> tuple[tuple[str, float], ...]:
+    """pace_ms of each kind's streams (solo runs: each kind's own pace)."""
+    kinds = sorted({s.kind for s in streams})
+    return tuple((k, p) for k in kinds if (p := pace_ms([s for s in streams if s.kind == k])) is not None)
 
 
 def timeline(streams: Sequence[Stream]) -> str:
@@ -177,18 +195,22 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
         # the lump that ended the wait was made while it waited: the server was serving this stream too
         w.caught_up = own.caught_up(w.index)
         w.evidence, w.by = 0, None
+        w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)
+        most_over = 0
         for i in np.flatnonzero((sent < end) & (last > start)):
             other = streams[i]
             if other is s:  # a reply held back and sent in one lump ran ahead of its own reader
                 n = int(np.searchsorted(own.t, end, "right") - np.searchsorted(own.t, start, "right"))
             else:
                 n = round(tokens[i].made_during(start, end)) - (w.caught_up - 1)
-            if n > w.evidence:
-                w.evidence, w.by = n, other.id
-        w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)
+            allowed = rule.allowance(line, w.rounds, w.admissions, w.limit_ms, other.kind, len(other.arrivals_ns))
+            # the stream most over its own allowance decides; while none is over, the one with most tokens
+            if n - allowed > most_over or (most_over == 0 and n > w.evidence):
+                most_over = max(most_over, n - allowed)
+                w.evidence, w.by, w.allowance = n, other.id, allowed
         if w.ms <= w.limit_ms:
             w.verdict, w.charged_ms = "ok", w.ms
-        elif w.evidence > w.allowance:
+        elif most_over > 0:
             w.verdict, w.charged_ms = "hol", w.ms
         else:
             w.verdict, w.charged_ms = "noise", w.limit_ms

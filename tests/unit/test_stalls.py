@@ -127,14 +127,16 @@ def test_on_client_arrivals_a_fast_stream_may_keep_its_pace_for_the_wait_limit()
     classic = [0.0, 150.0]
     fast = [2.0 + 3.0 * i for i in range(20)] + [150.0] * 30  # 3 ms per token, then 30 buffered events
     c, f = stream("classic", classic), stream("fast", fast)
-    paced = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([stream("alone", [3.0 * i for i in range(9)])]))
+    paced = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([stream("alone", [3.0 * i for i in range(1, 10)])]))
     assert paced.pace_ms == 3.0
     assert judge([stalls.Wait(c, 1, 60.0)], [c, f], paced)[1] == [("hol", 50)]  # 50 > 1 + 1 + 1 + 60 / 3
-    serialized = [stalls.Wait(c, 1, 60.0)]
-    short = stream("fast", [2.0 + 3.0 * i for i in range(18)])
-    assert judge(serialized, [c, short], paced)[1] == [("noise", 18)]
-    assert "plus one token per 3.00 ms" in paced.describe(stalls.CLIENT)
-    bunched = stream("alone", [0.0, 0.01, 0.02, 9.0, 9.01, 9.02, 18.0])  # events read in bunches: the mean counts
+    paced_along = stream("fast", [-88.0 + 3.0 * i for i in range(48)], sent_ms=-100.0)  # 18 of its 48 in the wait
+    assert judge([stalls.Wait(c, 1, 60.0)], [c, paced_along], paced)[1] == [("noise", 18)]
+    # ... but a whole reply inside one wait is a burst at any pace: the pace excuses at most half a reply
+    whole = stream("fast", [2.0 + 3.0 * i for i in range(18)])
+    assert judge([stalls.Wait(c, 1, 60.0)], [c, whole], paced)[1] == [("hol", 18)]
+    assert "sent to last token: 3.00), at most half of that stream's tokens" in paced.describe(stalls.CLIENT)
+    bunched = stream("alone", [3.0, 3.01, 3.02, 12.0, 12.01, 12.02, 21.0])  # events read in bunches: the mean counts
     assert stalls.pace_ms([bunched]) == 3.0
 
 
