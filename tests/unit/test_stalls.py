@@ -161,3 +161,66 @@ def test_a_backlog_made_before_a_wait_is_not_evidence_against_it():
     s = stream("spec", spec, kind="spec")
     waits = [stalls.Wait(newcomer, 0, 86.5)]
     assert judge(waits, [newcomer, s], stalls.Rule(tokens_per_round=1, pace_ms=2.0))[1] == [("noise", 1)]
+
+
+# -- servers that report nothing: the pace comes from a stream's whole life ------------------------------
+def burst_behind_a_silent_server():
+    """The legacy burst on client arrivals: classic tokens every 5 ms, then the speculative request's
+    whole 96-token reply in one lump 1000 ms after it was sent, inside one classic gap."""
+    classic = [5.0 * i for i in range(1, 9)] + [1045.0 + 5.0 * i for i in range(8)]
+    spec = [1040.0 + 0.01 * i for i in range(96)]
+    return stream("classic", classic, sent_ms=0.0), stream("spec", spec, kind="spec", sent_ms=40.0)
+
+
+def test_a_reply_that_arrived_in_one_lump_alone_paces_at_its_whole_life():
+    alone = stream("spec", [1000.0 + 0.01 * i for i in range(96)], kind="spec", sent_ms=0.0)
+    assert stalls.pace_ms([alone]) == pytest.approx(1000.95 / 96)  # sent -> last token, not 0.01 ms a token
+    classic_alone = stream("classic", [5.0 * i for i in range(1, 129)])
+    assert stalls.paces_by_kind([alone, classic_alone]) == (("classic", 5.0), ("spec", pytest.approx(10.43, abs=0.01)))
+
+
+def test_the_legacy_burst_fails_behind_a_server_that_reports_nothing():
+    c, s = burst_behind_a_silent_server()
+    alone = stream("spec", [1000.0 + 0.01 * i for i in range(96)], kind="spec")
+    waits = stalls.waits_of(c, 40.0)
+    rule = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([alone]))
+    _, verdicts = judge(waits, [c, s], rule)
+    gap = waits[7]  # token 8: the gap the whole reply arrived in
+    assert gap.index == 8 and gap.ms == 1005.0 and gap.verdict == "hol" and gap.by == "spec" and gap.evidence > 90
+    assert gap.allowance == 1 + 1 + 1 + 4  # 40 ms at 10.4 ms a token
+    assert [v for v, _ in verdicts].count("hol") == 1
+    # planted: the pace of the old rule (first to last token of the lump) excused the burst as noise
+    lump_pace = (alone.arrivals_ns[-1] - alone.arrivals_ns[0]) / 1e6 / 95
+    old = stalls.Rule(tokens_per_round=1, pace_ms=lump_pace)
+    waits = stalls.waits_of(c, 40.0)
+    stalls.judge(waits, [c, s], old)
+    assert waits[7].verdict == "hol"  # ... and even so, the cap of half a reply now holds it
+    assert old.allowance(stalls.CLIENT, limit_ms=40.0) > 3900  # what it excused without the cap
+    assert old.allowance(stalls.CLIENT, limit_ms=40.0, kind="spec", num_tokens=96) == 3 + 48
+
+
+def test_each_kind_is_excused_at_its_own_pace():
+    """A fast classic stream's pace does not excuse a slower speculative stream's tokens."""
+    c, s = burst_behind_a_silent_server()
+    rule = stalls.Rule(tokens_per_round=1, pace_ms=0.5, paces=(("classic", 0.5), ("spec", 10.0)))
+    assert rule.allowance(stalls.CLIENT, limit_ms=40.0, kind="spec") == 3 + 4
+    assert rule.allowance(stalls.CLIENT, limit_ms=40.0, kind="classic") == 3 + 80
+    assert rule.allowance(stalls.CLIENT, limit_ms=40.0, kind="other") == 3 + 80  # unknown kind: pace_ms
+    assert rule.allowance(stalls.SERVER, limit_ms=40.0, kind="spec") == 2  # the tick timeline needs no pace
+
+
+def test_slice_alternation_behind_a_silent_server_is_not_charged_even_when_frozen():
+    """Slice mode on client arrivals: a classic token, then a round of 4 read as one lump; the reader
+    froze 150 ms once and read both backlogs at once: noise, at the paces measured alone."""
+    classic, spec = [], []
+    for i in range(1, 40):
+        shift = 150.0 if i >= 20 else 0.0
+        classic.append((35.0 * i + shift) if i != 20 else 35.0 * 20 + 150.0)
+        spec += [35.0 * i - 5 + shift + 0.01 * k for k in range(4)]
+    spec = sorted(t if not (35.0 * 19 < t < 35.0 * 20 + 150) else 35.0 * 20 + 149.9 for t in spec)
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=25.0)
+    rule = stalls.Rule(tokens_per_round=4, paces=(("classic", 5.5), ("spec", 11.0)))
+    waits = stalls.waits_of(c, 65.0)
+    line, verdicts = judge(waits, [c, s], rule)
+    assert line == stalls.CLIENT and all(v != "hol" for v, _ in verdicts)
+    assert sum(v == "noise" for v, _ in verdicts) >= 1
