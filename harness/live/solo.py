@@ -68,7 +68,7 @@ class SoloFigures:
     num_tokens: int
     error: str | None = None
     max_tokens_per_event: int = 1   # R of the stall rule (harness/live/stalls.py): one round's tokens
-    pace_ms: float | None = None    # ms per token, sent to last token (the stall rule's pace)
+    pace_ms: float | None = None    # ms per token alone (the stall rule's pace: stalls.pace_ms)
     life_ms: float | None = None    # sent to last token (the shortest run)
 
     def to_json(self) -> dict:

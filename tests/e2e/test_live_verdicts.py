@@ -113,7 +113,7 @@ def test_locust_behind_a_server_that_reports_nothing(tmp_path, mode):
 def test_a_classic_request_the_server_speculated_is_not_judged_as_classic(tmp_path):
     """llama.cpp ignores `speculative: false`; its `timings.draft_n` says it speculated."""
     with hidden("slice", "fast", "--speculate-all") as url:
-        code, trace, output = run_target(url, tmp_path)
+        _code, trace, output = run_target(url, tmp_path)
     by_id = {r["id"]: r for r in trace["requests"]}
     assert by_id["classic"]["eligible"] is False and by_id["classic"]["speculative"] is True, output
     assert by_id["classic"]["timings"]["draft_n"] > 0
