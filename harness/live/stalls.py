@@ -184,12 +184,18 @@ class _Tokens:
         return float(share.sum())
 
 
+def lump_ns(pace: float | None) -> int:
+    """Client arrivals closer than LUMP_MS are one lump, or than a quarter of the stream's pace alone
+    when that is shorter: a fast stream's own next tokens (0.3 ms apart) are not a backlog read at once."""
+    return int(min(LUMP_MS, pace / 4 if pace else LUMP_MS) * 1e6)
+
+
 def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
     """Fill in each wait's length, evidence and verdict; returns the timeline the evidence was read on."""
     line = timeline(streams)
     exact = line == SERVER
     tokens = [_Tokens(s.ticks_ns if exact and s.ticks_ns is not None else s.arrivals_ns, s.sent_ns,
-                      0 if exact else int(LUMP_MS * 1e6), exact) for s in streams]
+                      0 if exact else lump_ns(rule.pace_of(s.kind)), exact) for s in streams]
     index = {s.id: i for i, s in enumerate(streams)}
     # a stream can hold evidence only for waits its life overlaps: sent -> last token
     sent = np.array([s.sent_ns for s in streams], dtype=np.int64)

@@ -230,3 +230,22 @@ def test_slice_alternation_behind_a_silent_server_is_not_charged_even_when_froze
     line, verdicts = judge(waits, [c, s], rule)
     assert line == stalls.CLIENT and all(v != "hol" for v, _ in verdicts)
     assert sum(v == "noise" for v, _ in verdicts) >= 1
+
+
+def test_a_fast_stream_resuming_after_a_burst_is_not_a_catch_up():
+    """At 0.3 ms a token the classic stream's tokens after the burst arrive under 0.5 ms apart: with
+    the lump at a quarter of its own pace they are its next tokens, not a backlog that excuses the burst."""
+    classic = [0.5 * i for i in range(1, 21)] + [110.0 + 0.35 * i for i in range(60)]
+    spec = [109.0 + 0.01 * i for i in range(96)]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=5.0)
+    paced = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.5), ("spec", 1.0)))
+    waits = stalls.waits_of(c, 40.0)
+    stalls.judge(waits, [c, s], paced)
+    gap = waits[19]
+    assert gap.ms == 100.0 and gap.caught_up == 1 and gap.verdict == "hol" and gap.evidence > 90
+    # planted: a pace-blind lump of 0.5 ms takes its 60 next tokens for a catch-up and calls the burst noise
+    blind = stalls.Rule(tokens_per_round=1, paces=(("classic", 4.0), ("spec", 1.0)))
+    waits = stalls.waits_of(c, 40.0)
+    stalls.judge(waits, [c, s], blind)
+    assert waits[19].caught_up == 60 and waits[19].verdict == "noise"
+    assert stalls.lump_ns(0.5) == 125_000 and stalls.lump_ns(None) == stalls.lump_ns(40.0) == 500_000
