@@ -21,6 +21,7 @@ from harness.run import metrics
 
 LUMP_MS = 0.5  # client timeline: arrivals closer than this are one lump (a backlog read at once)
 SERVER, CLIENT = "server tick ends", "client arrivals"
+REPLY_SHARE = 1 / 3  # client timeline: a stream's pace excuses at most this share of its tokens in one wait
 
 
 @dataclass(frozen=True)
@@ -69,15 +70,15 @@ class Rule:
         """A; `rounds` and `admissions` add a wait's own extra (requests pending in it). On client
         arrivals another stream may also stream at its own pace (of its `kind`) for as long as the
         wait's limit: the client cannot tell a frozen reader (its events buffered, read at once) from
-        a server ahead; but never more than half of that stream's `num_tokens`: a wait that may
-        hold a whole reply cannot tell a burst from a pace."""
+        a server ahead; but never more than REPLY_SHARE of that stream's `num_tokens`: a wait that
+        may hold most of a reply cannot tell a burst from a pace."""
         extra = 0
         pace = self.pace_of(kind)
         if timeline == CLIENT:
             extra = self.tokens_per_round  # a round read out of order
             if pace:
                 paced = math.ceil(limit_ms / pace)
-                extra += paced if num_tokens is None else min(paced, math.ceil(num_tokens / 2))
+                extra += paced if num_tokens is None else min(paced, math.ceil(num_tokens * REPLY_SHARE))
         return (self.rounds + rounds) * self.tokens_per_round + self.admissions + admissions + extra
 
     def describe(self, timeline: str) -> str:
@@ -89,9 +90,9 @@ class Rule:
             where = (f"on the client's arrivals (no tick stamps; a lump, arrivals under {LUMP_MS:g} ms apart, counts "
                      f"in the share of the time since its stream's previous arrival that lies in the wait, and one "
                      f"more round is allowed for reordering"
-                     + (f"; plus one token per pace interval of the wait's limit (ms per token alone, a lump's "
-                        f"tokens sharing the time since the arrival before it: {paces}), at most half of that "
-                        f"stream's tokens" if paced else "") + ")")
+                     + (f"; plus one token per pace interval of the wait's limit (ms per token alone, sent to "
+                        f"last token: {paces}), at most a third of "
+                        f"that stream's tokens" if paced else "") + ")")
         plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
         return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
                 f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
@@ -124,19 +125,12 @@ class Wait:
 
 
 def pace_ms(streams: Sequence[Stream]) -> float | None:
-    """The fastest stream's ms per token: the token-weighted median, over its lumps, of the time since
-    its previous arrival (its sending, for the first lump) shared by the lump's tokens. A reply that
-    arrives in one lump (a burst) paces at its TTFT / tokens, not at ~0: its tokens were made between
-    its sending and its arrival. A median, so that a hiccup alone does not slow a stream's pace."""
-    paces = []
-    for s in streams:
-        t = np.asarray(s.arrivals_ns, dtype=np.int64)
-        if len(t) < 2 or t[-1] <= s.sent_ns:
-            continue
-        starts = np.flatnonzero(np.r_[True, np.diff(t) > int(LUMP_MS * 1e6)])
-        sizes = np.diff(np.r_[starts, len(t)])
-        waited = t[starts] - np.r_[s.sent_ns, t[starts[1:] - 1]]
-        paces.append(float(np.median(np.repeat(waited / sizes, sizes))) / 1e6)
+    """The fastest stream's ms per token over its whole life, sent to last token. Not first to last
+    token: a reply that arrives in one lump (a burst) would pace at ~0 and excuse thousands of tokens;
+    its tokens were made between its sending and its arrival, and no faster. Nor a median over its
+    lumps: under load a lump arrives split in many, each of which would pace at ~0 again."""
+    paces = [(s.arrivals_ns[-1] - s.sent_ns) / 1e6 / len(s.arrivals_ns) for s in streams
+             if len(s.arrivals_ns) > 1 and s.arrivals_ns[-1] > s.sent_ns]
     return min(paces, default=None)
 
 
