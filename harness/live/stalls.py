@@ -167,6 +167,15 @@ class _Tokens:
         """Tokens from `index` to the end of its lump."""
         return int(np.searchsorted(self.lump, self.lump[index], "right")) - index
 
+    def read_with(self, start: int, end: int) -> int:
+        """Tokens read just before a wait (start, end] ended, within its last tenth (at least LUMP_MS):
+        a frozen reader reads every stream's backlog at once, so only these can be offset by the waiting
+        stream's catch-up; a lump read well before the end was not held back with it. Server stamps: all."""
+        if self.exact:
+            return len(self.t)
+        window = max(int(LUMP_MS * 1e6), (end - start) // 10)
+        return int(np.searchsorted(self.t, end, "right") - np.searchsorted(self.t, end - window, "left"))
+
     def made_during(self, start: int, end: int) -> float:
         """Tokens made in (start, end]: counted on the server's stamps; on client arrivals each lump's
         tokens in proportion to the part of the interval they may have been made in that lies inside."""
@@ -211,7 +220,7 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
             if other is s:  # a reply held back and sent in one lump ran ahead of its own reader
                 n = int(np.searchsorted(own.t, end, "right") - np.searchsorted(own.t, start, "right"))
             else:
-                n = round(tokens[i].made_during(start, end)) - (w.caught_up - 1)
+                n = round(tokens[i].made_during(start, end)) - min(w.caught_up - 1, tokens[i].read_with(start, end))
             allowed = rule.allowance(line, w.rounds, w.admissions, w.limit_ms, other.kind, len(other.arrivals_ns))
             # the stream most over its own allowance decides; while none is over, the one with most tokens
             if n - allowed > most_over or (most_over == 0 and n > w.evidence):

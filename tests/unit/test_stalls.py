@@ -249,3 +249,22 @@ def test_a_fast_stream_resuming_after_a_burst_is_not_a_catch_up():
     stalls.judge(waits, [c, s], blind)
     assert waits[19].caught_up == 60 and waits[19].verdict == "noise"
     assert stalls.lump_ns(0.5) == 125_000 and stalls.lump_ns(None) == stalls.lump_ns(40.0) == 500_000
+
+
+def test_a_catch_up_offsets_only_what_was_read_with_it():
+    """Under load the classic stream's tokens after a burst reached the client 50 ms after the burst's
+    lump, as one backlog: a frozen reader reads every backlog at once, so that catch-up does not excuse
+    a lump read long before it (on a frozen reader both arrive together: test above)."""
+    classic = [10.0, 100.0] + [420.0 + 0.01 * i for i in range(42)]
+    spec = [367.0 + 0.01 * i for i in range(96)]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=43.0)
+    rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.68), ("spec", 2.0)))
+    waits = stalls.waits_of(c, 118.0)
+    stalls.judge(waits, [c, s], rule)
+    gap = waits[1]
+    # 96 x 267 / 324 of the lump in the gap, none of it offset (was 79 - 41 = 38, against 35 allowed)
+    assert gap.caught_up == 42 and gap.verdict == "hol" and gap.evidence == 79
+    together = stream("spec", [419.0 + 0.01 * i for i in range(96)], kind="spec", sent_ms=43.0)  # read with it
+    waits = stalls.waits_of(c, 118.0)
+    stalls.judge(waits, [c, together], rule)
+    assert waits[1].evidence == round(96 * 319 / 376) - 41  # the catch-up offsets what was read with it
