@@ -268,3 +268,20 @@ def test_a_catch_up_offsets_only_what_was_read_with_it():
     waits = stalls.waits_of(c, 118.0)
     stalls.judge(waits, [c, together], rule)
     assert waits[1].evidence == round(96 * 319 / 376) - 41  # the catch-up offsets what was read with it
+
+
+def test_a_ttft_may_hold_a_fast_stream_at_its_pace_beyond_a_third_of_its_reply():
+    """A request's TTFT includes the server's admission path; a fast classic stream streaming at its
+    pace meanwhile is not a burst (a gap holding as much would be: the cap holds in gaps)."""
+    classic = [0.6 * i for i in range(1, 129)]
+    newcomer = stream("spec", [57.0, 58.0], kind="spec", sent_ms=5.0)
+    c = stream("classic", classic)
+    rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.6), ("spec", 1.0)))
+    ttft = [stalls.Wait(newcomer, 0, 50.0)]
+    stalls.judge(ttft, [c, newcomer], rule)
+    assert ttft[0].evidence == 87 and ttft[0].verdict == "noise" and ttft[0].allowance == 3 + 84
+    # planted: as many tokens in a gap are capped at a third of the reply
+    waiting = stream("spec", [4.0, 60.0], kind="spec", sent_ms=3.0)
+    gap = [stalls.Wait(waiting, 1, 50.0)]
+    stalls.judge(gap, [c, waiting], rule)
+    assert gap[0].verdict == "hol" and gap[0].allowance == 3 + 43
