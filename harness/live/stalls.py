@@ -221,10 +221,10 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
                 n = int(np.searchsorted(own.t, end, "right") - np.searchsorted(own.t, start, "right"))
             else:
                 n = round(tokens[i].made_during(start, end)) - min(w.caught_up - 1, tokens[i].read_with(start, end))
-            # the cap on a pace holds in gaps; a TTFT also holds the server's admission path (connection,
-            # parsing, queue), in which the others stream on at full pace
-            cap = len(other.arrivals_ns) if w.index else None
-            allowed = rule.allowance(line, w.rounds, w.admissions, w.limit_ms, other.kind, cap)
+            # in a gap, another stream may stream at its pace for the whole wait (one connection's
+            # delivery can stall alone), at most a third of its reply; in a TTFT for the limit, uncapped
+            cap, paced_ms = (len(other.arrivals_ns), max(w.ms, w.limit_ms)) if w.index else (None, w.limit_ms)
+            allowed = rule.allowance(line, w.rounds, w.admissions, paced_ms, other.kind, cap)
             # the stream most over its own allowance decides; while none is over, the one with most tokens
             if n - allowed > most_over or (most_over == 0 and n > w.evidence):
                 most_over = max(most_over, n - allowed)
