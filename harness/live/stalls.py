@@ -21,7 +21,7 @@ from harness.run import metrics
 
 LUMP_MS = 0.5  # client timeline: arrivals closer than this are one lump (a backlog read at once)
 SERVER, CLIENT = "server tick ends", "client arrivals"
-REPLY_SHARE = 1 / 3  # client timeline: a stream's pace excuses at most this share of its tokens in one wait
+REPLY_SHARE = 0.4  # client timeline: a stream's pace excuses at most this share of its reply in one gap
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,10 @@ class Rule:
     def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0,
                   kind: str | None = None, num_tokens: int | None = None) -> int:
         """A; `rounds` and `admissions` add a wait's own extra (requests pending in it). On client
-        arrivals another stream may also stream at its own pace (of its `kind`) for as long as the
-        wait's limit: the client cannot tell a frozen reader (its events buffered, read at once) from
-        a server ahead; but never more than REPLY_SHARE of that stream's `num_tokens`: a wait that
-        may hold most of a reply cannot tell a burst from a pace."""
+        arrivals another stream may also stream at its own pace (of its `kind`) for `limit_ms` (judge
+        passes a gap's length, a TTFT's limit): the client cannot tell a frozen reader or a stalled
+        connection from a server ahead; but with `num_tokens` (gaps) never more than REPLY_SHARE of
+        them: a wait that may hold most of a reply cannot tell a burst from a pace."""
         extra = 0
         pace = self.pace_of(kind)
         if timeline == CLIENT:
@@ -90,9 +90,9 @@ class Rule:
             where = (f"on the client's arrivals (no tick stamps; a lump, arrivals under {LUMP_MS:g} ms apart, counts "
                      f"in the share of the time since its stream's previous arrival that lies in the wait, and one "
                      f"more round is allowed for reordering"
-                     + (f"; plus one token per pace interval of the wait's limit (ms per token alone, sent to "
-                        f"last token: {paces}), at most a third of "
-                        f"that stream's tokens" if paced else "") + ")")
+                     + (f"; plus one token per pace interval (ms per token alone, sent to last token: {paces}) "
+                        f"of the wait in a gap, at most {REPLY_SHARE:.0%} of that stream's tokens, and of the "
+                        f"limit in a TTFT" if paced else "") + ")")
         plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
         return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
                 f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
