@@ -21,6 +21,7 @@ from harness.run import metrics
 
 LUMP_MS = 0.5  # client timeline: arrivals closer than this are one lump (a backlog read at once)
 SERVER, CLIENT = "server tick ends", "client arrivals"
+SPEC_KIND = "spec"  # a speculative stream's gaps are not the question (a classic stall): never capped
 REPLY_SHARE = 0.4  # client timeline: a stream's pace excuses at most this share of its reply in one gap
 
 
@@ -222,8 +223,11 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
             else:
                 n = round(tokens[i].made_during(start, end)) - min(w.caught_up - 1, tokens[i].read_with(start, end))
             # in a gap, another stream may stream at its pace for the whole wait (one connection's
-            # delivery can stall alone), at most a third of its reply; in a TTFT for the limit, uncapped
-            cap, paced_ms = (len(other.arrivals_ns), max(w.ms, w.limit_ms)) if w.index else (None, w.limit_ms)
+            # delivery can stall alone), in a classic gap at most REPLY_SHARE of its reply (a burst);
+            # in a TTFT for the limit, uncapped
+            capped = w.index and s.kind != SPEC_KIND
+            cap, paced_ms = (len(other.arrivals_ns) if capped else None, max(w.ms, w.limit_ms)) if w.index \
+                else (None, w.limit_ms)
             allowed = rule.allowance(line, w.rounds, w.admissions, paced_ms, other.kind, cap)
             # the stream most over its own allowance decides; while none is over, the one with most tokens
             if n - allowed > most_over or (most_over == 0 and n > w.evidence):

@@ -281,7 +281,7 @@ def test_a_ttft_may_hold_a_fast_stream_at_its_pace_beyond_a_third_of_its_reply()
     stalls.judge(ttft, [c, newcomer], rule)
     assert ttft[0].evidence == 87 and ttft[0].verdict == "noise" and ttft[0].allowance == 3 + 84
     # planted: as many tokens in a gap are capped at 40% of the reply
-    waiting = stream("spec", [4.0, 60.0], kind="spec", sent_ms=3.0)
+    waiting = stream("waiting", [4.0, 60.0], kind="classic", sent_ms=3.0)  # a classic gap
     gap = [stalls.Wait(waiting, 1, 50.0)]
     stalls.judge(gap, [c, waiting], rule)
     assert gap[0].verdict == "hol" and gap[0].allowance == 3 + 52
@@ -300,3 +300,21 @@ def test_one_connection_stalled_while_the_other_streamed_at_its_pace_is_noise_in
     gap = waits[8]
     assert gap.ms == 430.0 and gap.verdict == "noise" and gap.allowance == 3 + 39  # 430 / 11.1 = 39 (40% of 96: 39)
     assert rule.allowance(stalls.CLIENT, limit_ms=61.0, kind="spec", num_tokens=96) == 3 + 6 < gap.evidence
+
+
+def test_a_speculative_stream_waiting_while_the_classic_one_streams_at_its_pace_is_not_capped():
+    """Measured with locust at fast costs, load 11: a 59 ms gap of the speculative stream in which the
+    classic one got 64 of its 128 tokens at its own pace. The question is whether classic streams
+    stall: only their gaps cap another stream's pace at 40% of its reply."""
+    classic = [0.9 * i for i in range(1, 129)]
+    spec = [1.0, 2.0, 61.0, 62.0]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec")
+    rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.65), ("spec", 0.94)))
+    waits = [stalls.Wait(s, 2, 53.0)]
+    stalls.judge(waits, [c, s], rule)
+    assert waits[0].evidence == 66 and waits[0].verdict == "noise" and waits[0].allowance == 3 + 91
+    as_classic = stream("classic", spec, kind="classic")  # planted: the same gap of a classic stream
+    other = stream("spec", classic, kind="spec")
+    waits = [stalls.Wait(as_classic, 2, 53.0)]
+    stalls.judge(waits, [other, as_classic], rule)
+    assert waits[0].verdict == "hol" and waits[0].allowance == 3 + 52
