@@ -105,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr)
         if args.target:
             from harness.live.http_target import run_against_target
-            traces = [run_against_target(s.for_seed(args.seed), args.target, args.seed, console) for s in scenarios]
+            traces = [run_against_target(s, args.target, args.seed, console) for s in scenarios]
         else:
             factory = backend_factory(args)
             clock = RealClock if args.backend == "mlx" else ManualClock
