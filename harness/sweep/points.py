@@ -134,6 +134,9 @@ def figures(timed: Sequence[Timed], slo: Slo) -> dict:
         "met": met,
         "slo_misses": {cause: sum(cause in c for c in causes) for cause in MISS_CAUSES},
         "span_s": span_ms / 1000.0,
+        # what each percentile was computed over (coopsched compare's sample-size rule)
+        "samples": {"classic_gaps": sum(len(r.gaps_ms) for t, r in zip(timed, timings) if not t.speculative),
+                    "ttft": sum(r.ttft_ms is not None for r in timings)},
     }
     return {k: _round(v) for k, v in out.items()}
 
