@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a percentile over fewer samples is advisory (default {DEFAULT_MIN_SAMPLES})")
     parser.add_argument("--slo", default=slo_module.DEFAULT_SLO, metavar="itl_ms=X,ttft_ms=Y",
                         help=f"the per-token SLO of slo_attainment for runs (default {slo_module.DEFAULT_SLO})")
+    parser.add_argument("--ignore-mode", action="store_true",
+                        help="key rows by scenario (runs) or load (sweeps) alone: compare one mode with another, "
+                             "e.g. a burst run with a slice run (each file must hold one mode)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the rows and regressions as JSON here")
     parser.add_argument("--out", type=Path, metavar="DIR", help="write index.html, compare.json and PNG plots here")
 
@@ -130,6 +133,8 @@ def main(args: argparse.Namespace) -> int:
         threshold, min_samples = parse_threshold(args.threshold), parse_min_samples(args.min_samples)
         slo = slo_module.parse_slo(args.slo)
         base, new = sides.load(args.base, slo), sides.load(args.new, slo)
+        if getattr(args, "ignore_mode", False):
+            base, new = sides.without_mode(base), sides.without_mode(new)
         sides.comparable(base, new)
     except (CompareError, SloError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)

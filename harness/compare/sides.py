@@ -106,6 +106,27 @@ def _sweep(path: Path, sweep: dict) -> Side:
     return side
 
 
+def without_mode(side: Side) -> Side:
+    """The side keyed by scenario (runs) or load (sweeps) alone, to compare two modes (or two servers
+    that report different modes) with each other; each key must then hold one mode."""
+    def rekey(table: dict, keep) -> dict:
+        out: dict = {}
+        for key, value in table.items():
+            short = keep(key)
+            if short in out:
+                raise CompareError(f"{side.path}: --ignore-mode needs one mode per file, and it holds several for "
+                                   f"{short or 'its capacity'} ({', '.join(k for k in table if keep(k) == short)})")
+            out[short] = value
+        return out
+    if side.kind == "sweep":
+        return Side(side.path, side.kind, rekey(side.table, lambda k: k.split("/", 1)[1]),
+                    rekey(side.samples, lambda k: k.split("/", 1)[1]), sweep=side.sweep, note=side.note,
+                    capacity=rekey(side.capacity, lambda k: "capacity"))
+    scenario = lambda k: k.rsplit("/", 1)[0]
+    return Side(side.path, side.kind, rekey(side.table, scenario), rekey(side.samples, scenario),
+                rekey(side.timed, scenario), note=side.note)
+
+
 def comparable(base: Side, new: Side) -> None:
     """Refuse (CompareError, saying why) two sides whose rows do not mean the same thing."""
     if base.kind != new.kind:

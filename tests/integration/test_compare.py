@@ -195,3 +195,16 @@ def test_the_gate_is_the_rule_at_one_percent():
     baseline = {"s": {"slice": {"classic_itl_p50_ms": 10.0, "aggregate_tok_s": 100.0}}}
     findings = {f.key: f.verdict for f in gate.compare(current, baseline)}
     assert findings["s/slice/classic_itl_p50_ms"] == "worse" and findings["s/slice/aggregate_tok_s"] == "same"
+
+
+def test_ignore_mode_compares_one_mode_with_another(runs, capsys, tmp_path):
+    traces = json.loads(runs["base"].read_text())
+    for mode in ("burst", "slice"):
+        (tmp_path / f"{mode}.json").write_text(json.dumps([t for t in traces if t["mode"] == mode]))
+    code, _ = compare(capsys, tmp_path / "burst.json", tmp_path / "slice.json", "--ignore-mode", "--json",
+                      tmp_path / "c.json")
+    rows = {(r["key"], r["metric"]): r for r in json.loads((tmp_path / "c.json").read_text())["rows"]}
+    assert rows[("concurrency2", "classic_itl_max_ms")]["verdict"] == "better"  # 795 -> 35 ms: the HOL block gone
+    assert code == int(any(r["regressed"] for r in rows.values()))
+    line = cli_error_line(capsys, ["compare", str(runs["base"]), str(tmp_path / "slice.json"), "--ignore-mode"])
+    assert "--ignore-mode needs one mode per file" in line and "concurrency2/burst" in line
