@@ -223,9 +223,9 @@ class Workload:
     def specs(self, seed: int) -> list:
         """The generated (or replayed) requests for this seed, in arrival order."""
         n, ids = self.num_requests, self.ids()
-        max_tokens = self.max_tokens.sample(_rng(seed, "max_tokens"), n).tolist()
         if self.trace:
             return self._replay_specs(seed, ids)
+        max_tokens = self.max_tokens.sample(_rng(seed, "max_tokens"), n).tolist()
         arrivals = self.arrivals_ms(seed).tolist()
         prompt_len = self.prompt_len.sample(_rng(seed, "prompt_len"), n).tolist()
         eligible = np.zeros(n, dtype=bool)
