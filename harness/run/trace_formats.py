@@ -2,8 +2,8 @@
 
 One table says where each public format keeps a request's time, prompt and output lengths;
 one reader walks CSV rows or JSON lines through it. Public formats' arrivals are relative to
-the earliest request; rows that generated nothing (BurstGPT's failed requests) are left out
-and counted in a note. Errors name FILE:LINE, the value and what is accepted.
+the earliest request; rows that generated nothing (BurstGPT's failed requests) or had an empty
+prompt are left out and counted in a note. Errors name FILE:LINE, the value and what is accepted.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def sniff(path: Path, text: str) -> str:
 
 
 def read(path: Path, text: str, fmt: str = "auto") -> Trace:
+    text = text.removeprefix("\ufeff")  # a CSV saved with a byte-order mark
     fmt = sniff(path, text) if fmt == "auto" else fmt
     if fmt == "coopsched":
         lines, notes = [_coopsched_line(path, number, obj) for number, obj in _json_lines(path, text)], []
@@ -164,7 +165,7 @@ def _count(where: str, key: str, value, least: int) -> int:
 def _public(path: Path, text: str, fmt: Public) -> tuple[list[TraceLine], list[str]]:
     rows = _csv_rows(path, text, fmt) if fmt.kind == "csv" else _json_lines(path, text)
     kept: list[tuple[int, TraceLine]] = []
-    left_out = 0
+    left_out = empty = 0
     for number, row in rows:
         where = f"{path}:{number}"
         try:
@@ -175,12 +176,16 @@ def _public(path: Path, text: str, fmt: Public) -> tuple[list[TraceLine], list[s
         if output == 0:
             left_out += 1
             continue
+        prompt = _count(where, fmt.prompt, row.get(fmt.prompt), 0)
+        if prompt == 0:
+            empty += 1
+            continue
         hashes = _hash_ids(where, row.get(fmt.hash_ids)) if fmt.hash_ids else None
-        kept.append((us, TraceLine(0.0, _count(where, fmt.prompt, row.get(fmt.prompt), 1), None, output, None,
-                                   hashes)))
+        kept.append((us, TraceLine(0.0, prompt, None, output, None, hashes)))
     origin = min((us for us, _ in kept), default=0)
     lines = [replace(line, arrival_ms=round((us - origin) / 1e3, 6)) for us, line in kept]
-    notes = [f"{path}: {left_out} {fmt.left_out} left out"] if left_out else []
+    notes = [f"{path}: {count} {what} left out" for count, what in
+             ((left_out, fmt.left_out), (empty, "requests with an empty prompt")) if count]
     return lines, notes
 
 
