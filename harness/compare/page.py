@@ -20,6 +20,7 @@ from harness.report.plots import mode_color
 from harness.run import metrics
 
 MAX_PANELS = 16   # the first keys only: a page is for reading, the JSON has every row
+PLOT_POINTS = 4000  # points per curve at most
 SWEEP_PANELS = (("classic_itl_p99_ms", "classic ITL p99 (ms)"), ("ttft_p95_ms", "TTFT p95 (ms)"),
                 ("slo_attainment", "SLO attainment"), ("aggregate_tok_s", "aggregate tokens/s"))
 CSS = """body{font-family:-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1400px;
@@ -50,8 +51,10 @@ def cdf_figure(base: Side, new: Side, keys: list[str]) -> Figure:
             gaps = np.sort([g for t in side.timed.get(key, ()) if not t.speculative
                             for g in metrics.itl(t.token_times_ms)])
             if gaps.size:
-                ax.step(gaps, np.arange(1, gaps.size + 1) / gaps.size, where="post", ls=style,
-                        color=mode_color(_mode(key)), label=f"{label} ({gaps.size} gaps)")
+                every = max(1, gaps.size // PLOT_POINTS)
+                index = np.unique(np.append(np.arange(0, gaps.size, every), gaps.size - 1))  # the max stays
+                ax.step(gaps[index], (index + 1) / gaps.size, where="post", ls=style,
+                        color=mode_color(_mode(key)), label=label)
         positive = [line.get_xdata()[-1] for line in ax.get_lines()] + [g for line in ax.get_lines()
                                                                       for g in line.get_xdata()[:1] if g > 0]
         if positive and max(positive) / min(positive) > 20:  # a burst's stall flattens the rest: log gaps
@@ -59,7 +62,7 @@ def cdf_figure(base: Side, new: Side, keys: list[str]) -> Figure:
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("classic inter-token gap (ms)", fontsize=8)
         ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower right")
     return fig
 
 
@@ -69,11 +72,13 @@ def timeline_figure(base: Side, new: Side, keys: list[str]) -> Figure:
         for side, style, label in ((base, "-", "base"), (new, "--", "new")):
             times = np.sort([t for r in side.timed.get(key, ()) for t in r.token_times_ms])
             if times.size:
-                ax.plot(times / 1e3, np.arange(1, times.size + 1), ls=style, color=mode_color(_mode(key)), label=label)
+                every = max(1, times.size // PLOT_POINTS)  # a day of tokens: every n-th is the same curve
+                ax.plot(times[::every] / 1e3, np.arange(1, times.size + 1)[::every], ls=style,
+                        color=mode_color(_mode(key)), label=label)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("time (s)", fontsize=8)
         ax.set_ylabel("tokens streamed", fontsize=8)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left")
     return fig
 
 
