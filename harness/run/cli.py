@@ -103,6 +103,8 @@ def main(args: argparse.Namespace) -> int:
         scenarios = [scenario.load(n) for n in names]
         for warning in runner.gate_warnings(scenarios):  # as `coopsched serve` logs them; the run goes on
             print(f"warning: {warning}", file=sys.stderr)
+        for note in (n for s in scenarios if s.workload for n in s.workload.notes):  # rows a replay left out
+            print(f"note: {note}", file=sys.stderr)
         if args.target:
             from harness.live.http_target import run_against_target
             traces = [run_against_target(s, args.target, args.seed, console) for s in scenarios]

@@ -114,6 +114,7 @@ def _ms(x: float) -> float:
 
 def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
     requests = []
+    hashes = {s.id: list(s.hash_ids) for s in run.scenario.specs(seed) if s.hash_ids is not None}  # a replay's
     for r in run.requests:
         times = run.token_times[r.id]
         requests.append({
@@ -123,6 +124,7 @@ def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
             "finish_reason": r.finish_reason.value if r.finish_reason else None,
             "metrics": {k: (_ms(v) if isinstance(v, float) else v)
                         for k, v in metrics.request_metrics(r.arrival_ms, times).items()},
+            **({"hash_ids": hashes[r.id]} if r.id in hashes else {}),
         })
     obs = run.scheduler.obs
     return {
