@@ -97,6 +97,13 @@ class Scheduler:
         self._cancelled[seq_id] = request
         return True
 
+    def fail(self, seq_id: str, error: str) -> None:
+        """A model call failed for a live request after its tick's commit (a rewind): it ends with
+        the error where a cancel would stop it, before its next model work."""
+        request = self.requests.get(seq_id)
+        if request is not None and self.cancel(seq_id):
+            request.error = error
+
     @property
     def has_work(self) -> bool:
         return bool(self.requests) or bool(self._events)
@@ -177,6 +184,11 @@ class Scheduler:
         return Plan(ActionKind.SPEC_ROUND, TickKind.GRANT if granted else TickKind.ROUND, state, live, (), (),
                     verifies, live)
 
+    def next_round(self, plan: Plan) -> Plan:
+        """The next round of a burst, inside the tick `plan` began (its kind, ids and state)."""
+        assert self.job is not None, "a burst continues only while its job holds the slot"
+        return plan._replace(prefills=(), verifies=self._start_round(self.job))
+
     def _start_round(self, job: SpecJob) -> tuple[Verify, ...]:
         """Cancelled rows stop before the round; the others each verify K positions."""
         stopped, rows = job.start_round()
@@ -185,15 +197,16 @@ class Scheduler:
         return tuple([Verify(r.id, r.last_token, k) for r in rows])  # type: ignore[arg-type]
 
     def _stop(self, seq_ids: Iterable[str]) -> None:
+        """Finish events of rows stopped before the tick's model work (cancelled, or failed)."""
         for seq_id in seq_ids:
-            self._events.append(TokenEvent(seq_id, (), 0.0, FinishReason.STOP))
+            self._events.append(TokenEvent(seq_id, (), 0.0, self.requests[seq_id].finish_reason))
             self._num_early += 1
 
     # -- commit ---------------------------------------------------------------
     def commit(self, plan: Plan, result: Result, start_ms: float, end_ms: float,
                arrivals: Sequence[Request] = ()) -> Committed:
         """Book one run of the plan: `arrivals` came during the tick (validated; they waited on it from
-        their arrival_ms). A burst's commit returns the next round as `then` until the request ends."""
+        their arrival_ms). A burst's commit `continues` the tick until the request ends."""
         for request in arrivals:
             self._enqueue(request, request.arrival_ms - start_ms)
         rewinds: list[tuple[str, int]] = []
@@ -203,9 +216,8 @@ class Scheduler:
             self._append(plan, result, end_ms, rewinds)
             job = self.job
             if plan.job_ids and job is not None and self._keeps_slot(plan) and job.live_rows:
-                then = plan._replace(prefills=(), verifies=self._start_round(job))
                 record = TickRecord(start_ms, end_ms, plan.action, plan.kind, plan.seq_ids)
-                return Committed(record, [], NO_DELTAS, plan, rewinds, [], then)
+                return Committed(record, [], NO_DELTAS, plan, rewinds, [], continues=True)
         else:
             touched = self._fail(plan, result, releases)
         return self._book(plan, result, start_ms, end_ms, touched, rewinds, releases)
@@ -401,7 +413,7 @@ class Scheduler:
             elif request.state is RequestState.PREFILLING:
                 self.prefilling.remove(request)
             request.state = RequestState.FINISHED
-            request.finish_reason = FinishReason.STOP
+            request.finish_reason = FinishReason.ERROR if request.error else FinishReason.STOP
             self._stop((request.id,))  # its finish event frees its caches
 
     def _finalize(self, request: Request) -> RequestOutcome:
