@@ -19,7 +19,7 @@ COMMANDS = {
     "calibrate": ("harness.calibrate.cli", "a mock cost profile of the MLX backend or any server (--target)"),
     "report": ("harness.report.build", "HTML/PNG report and benchmark trends"),
     "simulate": ("harness.sim.simulate", "seeded deterministic simulation with faults"),
-    "judge": ("harness.run.judge", "per-token SLO attainment of timings recorded by aiperf, locust or a trace"),
+    "judge": ("harness.judge.cli", "per-token SLO attainment of timings recorded by aiperf, locust or a trace"),
 }
 
 

@@ -20,7 +20,7 @@ from mocks import CostModel
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 TABLES = ("scheduler", "cost", "mock", "gates", "checks")
 MOCK_KEYS = ("accept_prob", "eos_rate")
-CHECK_NAMES = ("classic_itl", "prefill_stall", "burst_wall", "lump", "rotation", "window",  # checks.evaluate
+CHECK_NAMES = ("classic_itl", "prefill_stall", "burst_wall", "lump", "rotation", "window",  # harness/verdict/virtual.py
                "throughput_vs_burst",
                "parity", "vs_burst")  # reference runs, on unless `= false`
 
