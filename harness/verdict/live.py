@@ -144,12 +144,15 @@ def solo_verdict(report: dict, ms: dict, figures: dict, streams: list) -> dict:
         runs = solo_runs_check(broken)
         report["rule"] = runs.note
         return with_checks(report, [runs])
-    limits = {k: {"ttft_limit_ms": solo.solo_limit(figures[k].ttft_ms),
-                  "gap_limit_ms": solo.solo_limit(figures[k].stall_ms)} for k in KINDS}
+    # each limit is capped at half the other kind's solo run: a longer one could hide a burst
+    ceiling = {k: solo.ceiling_ms(figures[o].life_ms for o in KINDS if o != k) for k in KINDS}
+    limits = {k: {"ttft_limit_ms": solo.solo_limit(figures[k].ttft_ms, ceiling[k]),
+                  "gap_limit_ms": solo.solo_limit(figures[k].stall_ms, ceiling[k])} for k in KINDS}
     worst = {k: {"ttft_max_ms": float(ms[k]["ttft"].max()) if ms[k]["ttft"].size else None,
                  "gap_max_ms": float(ms[k]["gaps"].max())} for k in KINDS}
     rule = stalls.Rule(tokens_per_round=max(figures[k].max_tokens_per_event for k in KINDS),
-                       pace_ms=min((figures[k].pace_ms for k in KINDS if figures[k].pace_ms), default=None))
+                       pace_ms=min((figures[k].pace_ms for k in KINDS if figures[k].pace_ms), default=None),
+                       paces=tuple((k, figures[k].pace_ms) for k in KINDS if figures[k].pace_ms))
     waits = [w for st in streams
              for w in stalls.waits_of(st, limits[st.kind]["gap_limit_ms"], limits[st.kind]["ttft_limit_ms"])]
     text = "; ".join(f"{k}: TTFT max {worst[k]['ttft_max_ms']:.1f} <= {limits[k]['ttft_limit_ms']:.1f}, gap max "
