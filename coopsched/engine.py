@@ -1,9 +1,8 @@
-"""The worker loop: drain arrivals -> plan -> execute on the backend -> commit -> publish events.
+"""The worker loop: arrivals -> schedule -> run -> commit -> apply -> events, one tick at a time.
 
-`run` drives arrivals to completion (virtual or real clock): a list, or an
-`Arrivals` that may grow while it runs (a closed loop submits on finish);
-`serve_forever` is the real-time worker a server thread runs, fed by `submit`
-and `cancel` from other threads through an inbox.
+`run` drives arrivals to completion (virtual or real clock; an `Arrivals` may grow while it
+runs: a closed loop submits on finish); `serve_forever` is the real-time worker a server thread
+runs, fed by `submit` and `cancel` from other threads through an inbox.
 """
 
 from __future__ import annotations
@@ -16,10 +15,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .core.backend import ModelBackend
-from .core.request import Request
+from .core.plan import Committed
+from .core.request import Request, RequestError
 from .core.scheduler import Scheduler
-from .core.types import ActionKind, Committed, TickKind, TickRecord, TokenEvent
+from .core.types import ActionKind, TickKind, TickRecord, TokenEvent
 from .executor import Executor
+
+Arrived = Callable[[float], list[Request]]  # requests that reached the engine before a time (ms)
+NOTHING: list[Request] = []  # nothing arrived (never appended to)
 
 
 @dataclass
@@ -62,6 +65,8 @@ class Engine:
                  on_event: Callable[[TokenEvent], None] | None = None,
                  on_tick: Callable[[Committed], None] | None = None) -> None:
         self.scheduler = scheduler
+        if scheduler.vocab is None:
+            scheduler.vocab = backend  # the stop rules read the model's EOS and detokenizer
         self.executor = Executor(backend)
         self.clock = clock
         self.on_event = on_event
@@ -70,22 +75,25 @@ class Engine:
         self._wake = threading.Event()
         self._stop = threading.Event()
 
-    def step(self, join: Callable[[float, float], None] | None = None) -> Committed:
-        """One tick: plan exactly one action, run it, commit it, timed by the injected clock.
-
-        `join(start_ms, end_ms)` submits the requests that arrived while the tick ran, before its
-        commit: they waited on this tick from their arrival, and its books (HOL) count them."""
-        scheduler, clock, on_event = self.scheduler, self.clock, self.on_event
+    def step(self, arrived: Arrived | None = None) -> Committed:
+        """One tick: plan one action, run it, commit it (with the requests that arrived by its end),
+        apply what the commit says; a burst repeats run + commit inside the one tick."""
+        scheduler, executor, clock = self.scheduler, self.executor, self.clock
         plan = scheduler.schedule()
         start = clock.now()
-        outcome = self.executor.run(plan)
-        end = clock.now()
-        if join is not None:
-            join(start, end)
-        committed = scheduler.commit(plan, outcome, start, end)
-        if on_event:
+        while True:
+            result = executor.run(plan)
+            end = clock.now()
+            committed = scheduler.commit(plan, result, start, end, arrived(end) if arrived is not None else ())
+            if committed.rewinds or committed.releases:
+                for seq_id, why in executor.apply(committed.rewinds, committed.releases):
+                    scheduler.fail(seq_id, why)  # its cache is wrong: it ends before its next round
+            if not committed.continues:
+                break
+            plan = scheduler.next_round(plan)
+        if self.on_event:
             for event in committed.events:
-                on_event(event)
+                self.on_event(event)
         if self.on_tick:
             self.on_tick(committed)
         return committed
@@ -96,10 +104,13 @@ class Engine:
         result = RunResult()
         scheduler, clock, ticks = self.scheduler, self.clock, result.ticks
 
-        def join(start_ms: float, end_ms: float) -> None:
+        def arrived(end_ms: float) -> list[Request]:
+            if not pending or pending.next_ms() >= end_ms:
+                return NOTHING
+            out: list[Request] = []
             while pending and pending.next_ms() < end_ms:
-                request = pending.pop()
-                scheduler.submit(request, request.arrival_ms - start_ms)
+                out.append(self._checked(pending.pop(), out))
+            return out
         while pending or scheduler.has_work:
             now = clock.now()
             while pending and pending.next_ms() <= now:
@@ -113,7 +124,7 @@ class Engine:
                 clock.advance_to(pending.next_ms())
                 ticks.append(TickRecord(now, clock.now(), ActionKind.IDLE, TickKind.IDLE, ()))
                 continue
-            committed = self.step(join)
+            committed = self.step(arrived)
             ticks.append(committed.record)
             if keep_events:
                 result.events.extend(committed.events)
@@ -137,29 +148,44 @@ class Engine:
         self._wake.set()
 
     def serve_forever(self, on_error: Callable[[Request, Exception], None] | None = None) -> None:
-        def join(start_ms: float, end_ms: float) -> None:  # what arrived during the tick, before its commit
-            self._drain_inbox(on_error, start_ms)
+        cancels: list[str] = []  # cancels that came during a tick take effect after it (a burst too)
+
+        def arrived(end_ms: float) -> list[Request]:  # what reached the inbox while the tick ran
+            return self._drain_inbox(on_error, cancels)
 
         while not self._stop.is_set():
-            self._drain_inbox(on_error)
+            for request in self._drain_inbox(on_error, cancels):
+                self.scheduler.submit(request)
+            for seq_id in cancels:
+                self.scheduler.cancel(seq_id)
+            cancels.clear()
             if self.scheduler.is_idle:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            self.step(join)
+            self.step(arrived)
 
-    def _drain_inbox(self, on_error, tick_start_ms: float | None = None) -> None:
+    def _drain_inbox(self, on_error, cancels: list[str]) -> list[Request]:
+        """Valid submissions (a bad one goes to on_error); cancels are collected."""
+        out: list[Request] = []
         while True:
             try:
                 kind, item = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return out
             if kind == "cancel":
-                self.scheduler.cancel(item)
+                cancels.append(item)
                 continue
             try:
-                self.scheduler.submit(item, 0.0 if tick_start_ms is None else item.arrival_ms - tick_start_ms)
+                out.append(self._checked(item, out))
             except ValueError as exc:
                 if on_error:
                     on_error(item, exc)
+
+    def _checked(self, request: Request, arrived: list[Request]) -> Request:
+        """The request if the scheduler could queue it after those that arrived with it."""
+        self.scheduler.validate(request)
+        if any(r.id == request.id for r in arrived):
+            raise RequestError(f"request id {request.id!r} is already live")
+        return request
 

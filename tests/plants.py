@@ -9,12 +9,15 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-import coopsched.core.commit as commit_module
+import coopsched.core.append as append_module
 import coopsched.core.scheduler as scheduler_module
 import coopsched.executor as executor_module
+from coopsched.core.append import append
 from coopsched.core.kv import KVSlotPool
 from coopsched.core.request import SamplingParams
-from coopsched.core.spec import SpecJob, commit
+from coopsched.core.spec import SpecJob
+
+Scheduler = scheduler_module.Scheduler
 
 
 def _yield_flag(mp):
@@ -50,7 +53,7 @@ def _cancelled_row_decoded(mp):
     def leaving_rows(self):
         running = list(self.running)
         reap(self)
-        self.running = running
+        self.running[:] = running
     mp.setattr(scheduler_module.Scheduler, "_reap_cancelled", leaving_rows)
 
 
@@ -65,9 +68,9 @@ def _admission_ignores_kv(mp):
 
 def _error_not_contained(mp):
     """A failed model call takes the whole scheduler down instead of its requests."""
-    def reraise(self, plan, out, exc, *_):
-        raise exc
-    mp.setattr(executor_module.Executor, "_contain", reraise)
+    def reraise(self, plan, result, releases):
+        raise executor_module.BackendError(result.error or "", result.failed)
+    mp.setattr(Scheduler, "_fail", reraise)
 
 
 def _plain_exception_escapes(mp):
@@ -76,42 +79,43 @@ def _plain_exception_escapes(mp):
 
 
 def _window_commits_early(mp):
-    """Slice 0 commits each row's first token before prefilling the next (the old order), and
-    streams the slice's tokens only once every prefill returned: a sibling's failure loses them."""
-    def slice0(self, job, out):
-        job.is_begun = True
-        backend, emissions = self.backend, []
-        for request in job.start_slice0():
-            first = backend.prefill(request.id, request.prompt_token_ids, request.sampling, True)
-            emissions.append(commit(request, [first], backend.eos_token_id, backend.detokenize))
-        job.grant_slices += 1
-        job.last_worked = job.ids
-        out.emissions += emissions
-    mp.setattr(executor_module.Executor, "_slice0", slice0)
+    """Slice 0 (the old order) begins the job before its prefills and appends each row's first token
+    as its prefill returns, streaming them only once every prefill returned: a failure loses them."""
+    fail = Scheduler._fail
+
+    def appending(self, plan, result, releases):
+        if plan.job_ids and not plan.prefill_batched and self.job is not None:
+            self.job.is_begun = True
+            for row, first in zip(plan.prefills, result.firsts):
+                append(self.requests[row.seq_id], [first], self.vocab)
+        return fail(self, plan, result, releases)
+    mp.setattr(Scheduler, "_fail", appending)
 
 
 def _burst_drops_earlier_rounds(mp):
-    """A failure late in a legacy burst loses the tokens its earlier rounds committed."""
-    contain = executor_module.Executor._contain
+    """A failure late in a legacy burst loses the tokens its earlier rounds appended."""
+    fail = Scheduler._fail
 
-    def forgetting(self, plan, out, exc, *rest):
-        out.emissions.clear()
-        contain(self, plan, out, exc, *rest)
-    mp.setattr(executor_module.Executor, "_contain", forgetting)
+    def forgetting(self, plan, result, releases):
+        self._events.clear()
+        self._num_early = 0
+        return fail(self, plan, result, releases)
+    mp.setattr(Scheduler, "_fail", forgetting)
 
 
 def _chunk_progress_kept(mp):
     """A failed chunk of slice 0 frees the siblings' caches but keeps their prefill progress."""
-    contain = executor_module.Executor._contain
+    fail = Scheduler._fail
 
-    def remembering(self, plan, out, exc, *rest):
-        rows = [r for r in plan.job.live_rows] if plan.job is not None else []
+    def remembering(self, plan, result, releases):
+        rows = [self.requests[i] for i in plan.job_ids]
         progress = {r.id: r.num_prefilled for r in rows}
-        contain(self, plan, out, exc, *rest)
+        touched = fail(self, plan, result, releases)
         for request in rows:
             if not request.is_finished:
                 request.num_prefilled = progress[request.id]
-    mp.setattr(executor_module.Executor, "_contain", remembering)
+        return touched
+    mp.setattr(Scheduler, "_fail", remembering)
 
 
 def _prefill_never_yields(mp):
@@ -122,18 +126,18 @@ def _prefill_never_yields(mp):
 
 def _stop_before_min_tokens(mp):
     """A stop string ends a request before its min_tokens (the rule vLLM does not have)."""
-    real = commit_module.commit_tokens
+    real = append_module.append_tokens
 
-    def early(request, tokens, eos_token_id, detokenize):
+    def early(request, tokens, vocab):
         sampling = request.sampling
         request.sampling = replace(sampling, min_tokens=0)
         try:
-            return real(request, tokens, eos_token_id, detokenize)
+            return real(request, tokens, vocab)
         finally:
             request.sampling = sampling
     for module in list(sys.modules.values()):  # wherever the core imported it by name
-        if getattr(module, "__name__", "").startswith("coopsched.") and getattr(module, "commit_tokens", None) is real:
-            mp.setattr(module, "commit_tokens", early)
+        if getattr(module, "__name__", "").startswith("coopsched.") and getattr(module, "append_tokens", None) is real:
+            mp.setattr(module, "append_tokens", early)
 
 
 def _eos_before_min_tokens(mp):
@@ -152,7 +156,7 @@ PLANTS = {
     "error-not-contained": (_error_not_contained, "backend"),
     "drafter-error-not-contained": (_error_not_contained, "drafter"),
     "plain-exception-escapes": (_plain_exception_escapes, "backend,drafter"),
-    "window-commits-early": (_window_commits_early, "backend"),
+    "window-commits-early": (_window_commits_early, None),  # a window sibling's slice 0 failing
     "burst-drops-earlier-rounds": (_burst_drops_earlier_rounds, "backend"),
     "chunk-progress-kept": (_chunk_progress_kept, None),  # a window's later chunk failing
     "prefill-never-yields": (_prefill_never_yields, "none"),

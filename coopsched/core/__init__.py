@@ -9,7 +9,7 @@ from .config import SchedulerConfig
 from .dispatch import Route, dispatch
 from .modes import MODES, POLICIES, make_policy
 from .observability import BatchObservability
-from .plan import Plan
+from .plan import Committed, Decode, Plan, Prefill, Result, Verify
 from .policy import Decision, TickPolicy, decide_action
 from .request import Priority, Request, RequestError, RequestState, SamplingParams
 from .scheduler import Scheduler
@@ -17,10 +17,7 @@ from .spec import accept_walk
 from .types import (
                     ActionKind,
                     BurstFinalized,
-                    Committed,
-                    Emission,
                     FinishReason,
-                    Outcome,
                     RequestOutcome,
                     TickDeltas,
                     TickKind,
@@ -31,8 +28,8 @@ from .types import (
 
 __all__ = [
     "MODES", "POLICIES", "ActionKind", "BatchObservability", "BurstFinalized", "Committed", "Decision",
-    "Emission", "FinishReason", "ModelBackend", "Outcome", "Plan", "Priority", "Request", "RequestError",
-    "RequestOutcome", "RequestState", "Route", "SamplingParams", "Scheduler", "SchedulerConfig",
-    "TickDeltas", "TickKind", "TickPolicy", "TickRecord", "TickState", "TokenEvent", "accept_walk",
+    "Decode", "FinishReason", "ModelBackend", "Plan", "Prefill", "Priority", "Request", "RequestError",
+    "RequestOutcome", "RequestState", "Result", "Route", "SamplingParams", "Scheduler", "SchedulerConfig",
+    "TickDeltas", "TickKind", "TickPolicy", "TickRecord", "TickState", "TokenEvent", "Verify", "accept_walk",
     "decide_action", "dispatch", "make_policy",
 ]

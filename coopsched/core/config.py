@@ -57,7 +57,7 @@ class SchedulerConfig:
     @property
     def is_sliced(self) -> bool:
         """Whether speculative requests yield between rounds (dflash never does)."""
-        return make_policy(self.mode, self).is_sliced  # the mode's own answer, not a second copy
+        return not make_policy(self.mode, self).keeps_slot  # the mode's own answer, not a second copy
 
     def with_(self, **overrides: Any) -> SchedulerConfig:
         return replace(self, **overrides)

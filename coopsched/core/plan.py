@@ -1,42 +1,69 @@
-"""A tick's plan: what the scheduler decided, for the executor to run and commit to book.
+"""A tick's plan, its result and what commit booked: the messages of one tick.
 
-The scheduler makes it (`schedule()`), the executor runs it on a backend, and
-`commit(plan, outcome, start, end)` books the result. Rows are live Request
-objects; `job` is the speculative job the tick serves, if any.
+`Scheduler.schedule()` makes a Plan (ids and numbers, nothing mutable), `Executor.run` returns
+a Result (what the model produced per row, or which rows failed), `Scheduler.commit` books it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .request import Request
-from .spec import SpecJob
-from .types import ActionKind, TickKind, TickState
+from .backend import PrefillRow
+from .types import ActionKind, TickDeltas, TickKind, TickRecord, TickState, TokenEvent
+
+Prefill = PrefillRow  # prompt positions [start, stop) of one row, with or without the drafter
 
 
-class Span(NamedTuple):
-    """Prompt positions [start, stop) of a request that a prefill tick prefills."""
-    request: Request
-    start: int
-    stop: int
+Decode = tuple[str, int]  # (seq_id, last_token): one classic token after it (a plain pair: made per row per tick)
 
-    @property
-    def is_whole(self) -> bool:
-        return self.start == 0 and self.stop == len(self.request.prompt_token_ids)
+
+class Verify(NamedTuple):
+    """One speculative round: draft k - 1 tokens after `last_token`, verify k positions."""
+    seq_id: str
+    last_token: int
+    k: int
+
+
+class Plan(NamedTuple):
+    """One tick's work. Each row list names its rows' work; the executor groups them into forwards
+    (prefills first, then the draft and one forward over the verify and decode rows)."""
+    action: ActionKind
+    kind: TickKind
+    state: TickState                      # what the policy decided from
+    seq_ids: tuple[str, ...] = ()         # the rows the tick record names
+    prefills: tuple[Prefill, ...] = ()
+    decodes: tuple[Decode, ...] = ()
+    verifies: tuple[Verify, ...] = ()
+    job_ids: tuple[str, ...] = ()         # the speculative job's rows this tick serves (live when planned)
+    prefill_batched: bool = True          # the prefill rows share one forward (else one call each)
+    prefill_tokens: tuple[int, ...] = ()  # chunk ticks: prompt tokens planned per seq_ids (the record's)
+
+
+class Result(NamedTuple):
+    """What the model produced, per row list in plan order; a failed call ends the lists where it
+    failed, and `failed` names the rows it was for."""
+    firsts: Sequence[int | None] = ()       # per prefill row: its first token once its prompt is all in
+    tokens: Sequence[int] = ()              # per decode row
+    drafts: Sequence[Sequence[int]] = ()    # per verify row
+    targets: Sequence[Sequence[int]] = ()   # per verify row: k target tokens
+    error: str | None = None
+    failed: tuple[str, ...] = ()
+
+
+EMPTY_RESULT = Result()
 
 
 @dataclass(slots=True)
-class Plan:  # a slotted class: made every tick, read ~30 times (a NamedTuple is slower at both)
-    action: ActionKind
-    kind: TickKind
-    state: TickState                     # what the policy decided from
-    request_ids: tuple[str, ...] = ()    # the rows the tick record names
-    rows: tuple[Request, ...] = ()       # classic rows: the admitted head, or the decode batch
-    job: SpecJob | None = None
-    release: tuple[str, ...] = ()        # rows finished before the tick (cancels): caches to free
-    spans: tuple[Span, ...] = ()         # a prefill tick: what each row prefills (chunks under a budget)
-
-    @property
-    def runs_to_completion(self) -> bool:
-        return self.kind is TickKind.BURST
+class Committed:
+    """What `Scheduler.commit` booked: the tick's record, events and counter deltas, and what the
+    executor must apply (rewinds, releases). `continues`: the tick goes on (a burst keeps the slot:
+    its next round, `Scheduler.next_round`, runs before the tick's events are made)."""
+    record: TickRecord
+    events: list[TokenEvent]
+    deltas: TickDeltas
+    plan: Plan
+    rewinds: list[tuple[str, int]]   # (seq_id, rejected positions to drop from the target cache)
+    releases: list[str]              # finished rows: free their caches
+    continues: bool = False

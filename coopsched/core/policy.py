@@ -1,11 +1,8 @@
 """Tick policies: each mode decides one action per tick from a small frozen state.
 
-`decide_action` is the upstream rule (under contention speculative rounds and
-classic actions strictly alternate; alone, the round takes every tick). With
-chunked prefill a classic gap holds at most one prefill tick (`prefill_yields`)
-and, through the yield flag, at most one speculative action before the decode
-rows' step. A mode is a `TickPolicy` in coopsched/core/modes/, registered by name
-there; the scheduler asks its policy and never tests the mode.
+`decide_action` is the upstream rule (under contention speculative rounds and classic actions
+strictly alternate; alone, the round takes every tick). A mode is a `TickPolicy` registered in
+coopsched/core/modes/; the scheduler asks its policy and never tests the mode.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from typing import NamedTuple, Protocol
 from .plan import Plan
 from .request import Request
 from .spec import SpecJob
-from .types import ActionKind, Outcome, TickRecord, TickState
+from .types import ActionKind, SpecStats, TickRecord, TickState
 
 __all__ = ["ActionKind", "Decision", "SchedulerView", "TickPolicy", "TickState", "decide_action",
            "next_yield_flag", "wants_prefill"]
@@ -37,15 +34,17 @@ class SchedulerView(Protocol):
     def backlog(self) -> Iterable[SpecJob]: ...
     @property
     def requests(self) -> Mapping[str, Request]: ...
+    def spec_stats(self, seq_id: str) -> SpecStats | None: ...
 
 
 class TickPolicy(Protocol):
-    is_sliced: bool  # speculative requests yield between rounds (else one tick runs them whole)
+    keeps_slot: bool  # a speculative request keeps the slot until it ends, in one tick (the legacy burst)
 
     def decide(self, state: TickState, view: SchedulerView) -> Decision: ...
 
-    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
-        """Learn from a committed tick, before its finished rows are finalized."""
+    def observe(self, plan: Plan, spec_rows: Sequence[str], record: TickRecord, view: SchedulerView) -> None:
+        """Learn from a committed tick (`spec_rows`: the rows that did speculative work), before its
+        finished rows are finalized."""
 
 
 DECIDED = {action: Decision(action) for action in ActionKind}  # a policy's plain answers, made once
@@ -55,12 +54,12 @@ def wants_prefill(state: TickState) -> bool:
     """A prefill is due: an admission fits the batch, or a chunked prefill is under way, and
     (chunking) no prefill ran since the decode rows were last served."""
     can_admit = state.num_running < state.max_batch_size and state.num_admissible > 0
-    can_prefill = can_admit or state.has_parked_prefill
+    can_prefill = can_admit or state.has_chunked_prefill
     return can_prefill and not (state.prefill_yields and state.num_running > 0)
 
 
 def decide_action(state: TickState) -> ActionKind:
-    has_classic_work = state.num_running > 0 or state.num_admissible > 0 or state.has_parked_prefill
+    has_classic_work = state.num_running > 0 or state.num_admissible > 0 or state.has_chunked_prefill
     if state.has_spec_work and (not has_classic_work or not state.last_was_spec):
         return ActionKind.SPEC_ROUND
     if not has_classic_work:

@@ -1,18 +1,15 @@
 """Chunked and batched prefill: which prompt positions one prefill tick covers.
 
-A prefill tick has a token budget (`prefill_chunk_tokens`; 0 = unlimited) and a
-row cap (`max_batch_prefill` for classic admissions; a window's rows for slice 0).
-Rows are served in order, each taking what is left of its prompt up to what is
-left of the budget, so a prompt longer than the budget spans several ticks and
-no tick prefills more than the budget. The scheduler plans with these and books
-with `book_prefill`; nothing here reads more than it is given.
+A prefill tick has a token budget (`prefill_chunk_tokens`; 0 = whole prompts) and a row cap
+(`max_batch_prefill` for classic admissions; a window's rows for slice 0). Rows are served in
+order, each taking what is left of its prompt up to what is left of the budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from .plan import Plan, Span
+from .plan import Prefill
 from .request import Request, RequestState
 from .spec import SpecJob
 from .types import TickKind
@@ -30,7 +27,7 @@ class Budget:
     def has_room(self) -> bool:
         return self.num_rows > 0 and (self.num_tokens is None or self.num_tokens > 0)
 
-    def take(self, request: Request) -> Span:
+    def take(self, request: Request, with_draft: bool) -> Prefill:
         """The next span of the request's prompt that fits (the budget must have room)."""
         start = request.num_prefilled
         remaining = len(request.prompt_token_ids) - start
@@ -38,30 +35,40 @@ class Budget:
         if self.num_tokens is not None:
             self.num_tokens -= size
         self.num_rows -= 1
-        return Span(request, start, start + size)
+        return Prefill(request.id, request.prompt_token_ids, start, start + size, request.sampling, with_draft)
 
 
-def spans_for(requests: Iterable[Request], budget: Budget) -> list[Span]:
+def spans_for(requests: Iterable[Request], budget: Budget, with_draft: bool = False) -> list[Prefill]:
     """Spans for the requests in order while the budget has room (finished prompts skipped)."""
     out = []
     for request in requests:
         if not budget.has_room:
             break
         if request.num_prefilled < len(request.prompt_token_ids):
-            out.append(budget.take(request))
+            out.append(budget.take(request, with_draft))
     return out
 
 
-def prefill_kind(spans: Iterable[Span], whole: TickKind) -> TickKind:
+def is_whole(row: Prefill) -> bool:
+    return row.start == 0 and row.stop == len(row.prompt)
+
+
+def prefill_kind(spans: Iterable[Prefill], whole: TickKind) -> TickKind:
     """`whole` when every prompt is prefilled from start to end in this tick, else CHUNK."""
-    return whole if all(s.is_whole for s in spans) else TickKind.CHUNK
+    return whole if all(is_whole(s) for s in spans) else TickKind.CHUNK
 
 
-def slice0_spans(job: SpecJob, chunk_tokens: int, whole: TickKind) -> tuple[TickKind, tuple[Span, ...]]:
+def slice0_spans(job: SpecJob, chunk_tokens: int, whole: TickKind) -> tuple[TickKind, tuple[Prefill, ...]]:
     """What this tick prefills of a job's slice 0: all of it (`whole`), or one chunk (CHUNK)."""
     rows = job.live_rows
-    spans = spans_for(rows, Budget(chunk_tokens, len(rows)))
+    spans = spans_for(rows, Budget(chunk_tokens, len(rows)), with_draft=True)
     return (prefill_kind(spans, whole) if len(spans) == len(rows) else TickKind.CHUNK), tuple(spans)
+
+
+def planned_tokens(spans: Sequence[Prefill], seq_ids: Sequence[str]) -> tuple[int, ...]:
+    """Prompt tokens each row of a tick's record prefills (0 for a window row already done)."""
+    done = {s.seq_id: s.stop - s.start for s in spans}
+    return tuple(done.get(seq_id, 0) for seq_id in seq_ids)
 
 
 def book_prefill(rows: Iterable[Request], running: list[Request], prefilling: list[Request]) -> None:
@@ -78,9 +85,3 @@ def book_prefill(rows: Iterable[Request], running: list[Request], prefilling: li
         elif request.state is not RequestState.PREFILLING:
             request.state = RequestState.PREFILLING
             prefilling.append(request)
-
-
-def prefill_tokens(plan: Plan) -> tuple[int, ...]:
-    """Prompt tokens each row of a tick's record prefilled (0 for a window row already done)."""
-    done = {s.request.id: s.stop - s.start for s in plan.spans}
-    return tuple(done.get(seq_id, 0) for seq_id in plan.request_ids)

@@ -1,9 +1,7 @@
-"""Slot rotation (upstream issue #746): the speculative backlog and its grants.
+"""Slot rotation (upstream's grant rotation): the speculative backlog and its grants.
 
-The backlog holds fresh waiters (not yet begun) and expired jobs (parked with
-their state). Grants go by priority lane then FIFO, but an entry skipped
-`skip_cap` times is overdue and wins. Cancelled entries are dropped at grant
-time so they never wedge the ring.
+The backlog holds fresh waiters and expired jobs (parked with their state). Grants go by priority
+lane then FIFO, but an entry skipped `skip_cap` times wins; cancelled entries are dropped.
 """
 
 from __future__ import annotations

@@ -1,28 +1,27 @@
 """The scheduler: state, a plan per tick, and the books.
 
-Two calls and a loop: `schedule()` reaps cancels and asks the mode's policy for
-one action, then plans it (which rows, which job, which K); the executor runs the
-plan on a backend; `commit(plan, outcome, start_ms, end_ms)` stamps tokens with
-the tick's end (when they become visible), keeps the books and returns the
-tick's record, events and counter deltas. The scheduler calls no model and
-reads no clock. Work per tick is proportional to the rows the tick touches.
+`schedule()` asks the mode's policy for one action and plans it as a message; the executor
+runs it; `commit(plan, result, start_ms, end_ms, arrivals)` appends what the model produced,
+keeps the books and says what the executor must rewind and release. No model, no clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from functools import partial
 
-from .admission import Admissions
-from .commit import merge_emissions
+from .admission import Admission
+from .append import Vocab
 from .config import SchedulerConfig
 from .dispatch import shape_key
-from .hol import HolBook, Samples
+from .hol import HolBook
 from .kv import KVSlotPool
 from .modes import make_policy
 from .observability import BatchObservability
-from .plan import Plan
+from .outputs import append_result, fail_rows
+from .plan import Committed, Decode, Plan, Result, Verify
 from .policy import Decision, next_yield_flag
-from .prefill import book_prefill, prefill_tokens, slice0_spans
+from .prefill import book_prefill, planned_tokens, slice0_spans
 from .queue import PrefillQueue
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
@@ -30,11 +29,9 @@ from .spec import SpecJob
 from .types import (
     ActionKind,
     BurstFinalized,
-    Committed,
-    Emission,
     FinishReason,
-    Outcome,
     RequestOutcome,
+    SpecStats,
     TickDeltas,
     TickKind,
     TickRecord,
@@ -48,10 +45,11 @@ SERVES_BATCH = frozenset({ActionKind.DECODE, ActionKind.FUSED})  # the decode ro
 NO_DELTAS = TickDeltas()
 
 
-class Scheduler(Admissions):
-    def __init__(self, config: SchedulerConfig, *, keep_history: bool = True) -> None:
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, *, keep_history: bool = True, vocab: Vocab | None = None) -> None:
         self.config = config
         self.policy = make_policy(config.mode, config)
+        self.vocab = vocab                       # the stop rules' EOS and detokenizer (the engine gives its backend's)
         self.queue = PrefillQueue(partial(shape_key, ragged=config.enable_ragged) if config.enable_batch else None)
         self.running: list[Request] = []
         self.prefilling: list[Request] = []      # classic rows admitted, prompts not yet all prefilled
@@ -64,19 +62,28 @@ class Scheduler(Admissions):
         self.requests: dict[str, Request] = {}   # every live request, by id
         self._jobs: dict[str, SpecJob] = {}      # speculative request id -> its job
         self._cancelled: dict[str, Request] = {}  # live and flagged, in the order flagged
-        self._reaped: list[Emission] = []
         self._hol = HolBook()
-        self._hol_samples: Samples = []          # waits ended since the last commit
+        self.admission = Admission(config, self.queue, self.kv, self.backlog, self._hol, self.obs, self._jobs,
+                                   self.running, self.prefilling, self.policy.keeps_slot)
+        self._events: list[TokenEvent] = []      # the tick's events made before its commit (reaped, stopped)
+        self._num_early = 0                      # ... of which this many still need the tick's end time
+        self._counts = [0, 0, 0]                 # the tick's rounds, drafts and accepted drafts
 
     # -- intake ---------------------------------------------------------------
-    def submit(self, request: Request, into_tick_ms: float = 0.0) -> None:
-        """Queue a request; `into_tick_ms` > 0: it arrived that long into the tick now being committed
-        (it waited on that tick from then: its HOL wait and the tick's waiters count it)."""
+    def validate(self, request: Request) -> None:
+        """Raise RequestError if the request can never be queued now."""
         if not request.prompt_token_ids:
             raise RequestError(f"request {request.id!r}: the prompt is empty; send at least one token")
         if request.id in self.requests:
             raise RequestError(f"request id {request.id!r} is already live")
         self.kv.check_fits(request)
+
+    def submit(self, request: Request) -> None:
+        """Queue a request between ticks (one that arrived during a tick goes to that tick's commit)."""
+        self.validate(request)
+        self._enqueue(request, 0.0)
+
+    def _enqueue(self, request: Request, into_tick_ms: float) -> None:
         request.state = RequestState.WAITING
         self.requests[request.id] = request
         self.queue.push(request)
@@ -91,31 +98,43 @@ class Scheduler(Admissions):
         self._cancelled[seq_id] = request
         return True
 
+    def fail(self, seq_id: str, error: str) -> None:
+        """A model call failed for a live request after its tick's commit (a rewind): it ends with
+        the error where a cancel would stop it, before its next model work."""
+        request = self.requests.get(seq_id)
+        if request is not None and self.cancel(seq_id):
+            request.error = error
+
     @property
     def has_work(self) -> bool:
-        return bool(self.requests) or bool(self._reaped)
+        return bool(self.requests) or bool(self._events)
+
+    @property
+    def has_spec_work(self) -> bool:
+        return self.job is not None or len(self.backlog) > 0
 
     @property
     def is_idle(self) -> bool:
         """Nothing to do until something arrives (cancelled requests still to reap are work)."""
         # decide_action's Idle: no speculative work, no batch, nothing admissible
-        return not (self._reaped or self._cancelled or self.running or self.prefilling or self.has_spec_work
+        return not (self._events or self._cancelled or self.running or self.prefilling or self.has_spec_work
                     or (len(self.queue) and self.kv.num_free))
 
+    def spec_stats(self, seq_id: str) -> SpecStats | None:
+        job = self._jobs.get(seq_id)
+        return job.stats[seq_id] if job is not None else None
+
     def tick_state(self) -> TickState:
-        # each field in a local of its name, passed in field order (keywords cost ~0.7 us a tick)
         has_spec_work = self.job is not None or len(self.backlog) > 0
         num_running, max_batch_size = len(self.running), self.config.max_batch_size
         num_queued, num_free_slots = len(self.queue), self.kv.num_free
         num_admitted = num_running + len(self.prefilling)  # prefilling rows join the batch when done
         num_admissible = num_queued if num_free_slots and num_admitted < max_batch_size else 0
-        has_parked_prefill = bool(self.prefilling)
         chunked = self.config.is_chunked
-        prefill_yields = chunked and self.last_was_prefill
         upcoming = (self.job or self.backlog.next_grant()) if chunked else None  # the next speculative job
-        spec_prefilling = upcoming is not None and not upcoming.is_begun
-        return TickState(has_spec_work, num_running, max_batch_size, num_admissible, has_parked_prefill,
-                         self.last_was_spec, num_queued, num_free_slots, prefill_yields, spec_prefilling)
+        return TickState(has_spec_work, num_running, max_batch_size, num_admissible, bool(self.prefilling),
+                         self.last_was_spec, num_queued, num_free_slots, chunked and self.last_was_prefill,
+                         upcoming is not None and not upcoming.is_begun)
 
     # -- planning -------------------------------------------------------------
     def schedule(self) -> Plan:
@@ -123,18 +142,21 @@ class Scheduler(Admissions):
             self._reap_cancelled()
         state = self.tick_state()
         decision = self.policy.decide(state, self)
-        release = tuple(e.seq_id for e in self._reaped) if self._reaped else ()
         action = decision.action
         if action is ActionKind.DECODE:
-            rows = tuple(self.running[: state.max_batch_size])
-            return Plan(action, TickKind.DECODE, state, tuple([r.id for r in rows]), rows, release=release)
+            rows = self.running[: state.max_batch_size]
+            decodes: tuple[Decode, ...] = tuple([(r.id, r.last_token) for r in rows])  # type: ignore[misc]
+            return Plan(action, TickKind.DECODE, state, tuple([r.id for r in rows]), (), decodes)
         if action is ActionKind.PREFILL:
-            return self._plan_admission(state, release)
+            plan, job = self.admission.plan(state, slot_busy=self.has_spec_work)
+            if job is not None:
+                self.job = job
+            return plan
         if action is ActionKind.SPEC_ROUND or action is ActionKind.FUSED:
-            return self._plan_spec(decision, state, release)
-        return Plan(ActionKind.IDLE, TickKind.IDLE, state, release=release)
+            return self._plan_spec(decision, state)
+        return Plan(ActionKind.IDLE, TickKind.IDLE, state)
 
-    def _plan_spec(self, decision: Decision, state: TickState, release: tuple[str, ...]) -> Plan:
+    def _plan_spec(self, decision: Decision, state: TickState) -> Plan:
         job, granted = self.job, False
         if job is None:
             job = self.job = self.backlog.grant()
@@ -145,83 +167,165 @@ class Scheduler(Admissions):
         live = tuple([r.id for r in job.live_rows])  # a window's finished rows are not in this tick
         if not job.is_begun:  # slice 0 is a prefill: it never shares a fused forward
             kind, spans = slice0_spans(job, self.config.prefill_chunk_tokens, TickKind.SLICE0)
-            return Plan(ActionKind.SPEC_ROUND, kind, state, live, job=job, release=release, spans=spans)
+            planned = planned_tokens(spans, live) if kind is TickKind.CHUNK else ()
+            if kind is TickKind.CHUNK:  # cancelled rows stop before the chunk (their spans were planned)
+                self._stop(job.stop_cancelled())
+                spans = tuple([s for s in spans if not self.requests[s.seq_id].is_finished])
+            job.start_slice0()
+            return Plan(ActionKind.SPEC_ROUND, kind, state, live, spans, job_ids=live,
+                        prefill_batched=kind is TickKind.CHUNK, prefill_tokens=planned)
         if decision.block_size is not None:
             job.block_size = decision.block_size
+        verifies = self._start_round(job)
         if decision.action is ActionKind.FUSED:
-            rows = tuple(self.running[: self.config.max_batch_size])
-            return Plan(ActionKind.FUSED, TickKind.FUSED, state, tuple(r.id for r in rows) + tuple(job.ids),
-                        rows, job=job, release=release)
-        kind = TickKind.GRANT if granted else TickKind.ROUND
-        return Plan(ActionKind.SPEC_ROUND, kind, state, live, job=job, release=release)
+            rows = self.running[: self.config.max_batch_size]
+            decodes: tuple[Decode, ...] = tuple([(r.id, r.last_token) for r in rows])  # type: ignore[misc]
+            return Plan(ActionKind.FUSED, TickKind.FUSED, state, tuple(r.id for r in rows) + tuple(job.ids), (),
+                        decodes, verifies, live)
+        return Plan(ActionKind.SPEC_ROUND, TickKind.GRANT if granted else TickKind.ROUND, state, live, (), (),
+                    verifies, live)
+
+    def next_round(self, plan: Plan) -> Plan:
+        """The next round of a burst, inside the tick `plan` began (its kind, ids and state)."""
+        assert self.job is not None, "a burst continues only while its job holds the slot"
+        return plan._replace(prefills=(), verifies=self._start_round(self.job))
+
+    def _start_round(self, job: SpecJob) -> tuple[Verify, ...]:
+        """Cancelled rows stop before the round; the others each verify K positions."""
+        stopped, rows = job.start_round()
+        self._stop(stopped)
+        k = job.block_size
+        return tuple([Verify(r.id, r.last_token, k) for r in rows])  # type: ignore[arg-type]
+
+    def _stop(self, seq_ids: Iterable[str]) -> None:
+        """Finish events of rows stopped before the tick's model work (cancelled, or failed)."""
+        for seq_id in seq_ids:
+            self._events.append(TokenEvent(seq_id, (), 0.0, self.requests[seq_id].finish_reason))
+            self._num_early += 1
+
+    # -- commit ---------------------------------------------------------------
+    def commit(self, plan: Plan, result: Result, start_ms: float, end_ms: float,
+               arrivals: Sequence[Request] = ()) -> Committed:
+        """Book one run of the plan: `arrivals` came during the tick (validated; they waited on it from
+        their arrival_ms). A burst's commit `continues` the tick until the request ends."""
+        for request in arrivals:
+            self._enqueue(request, request.arrival_ms - start_ms)
+        rewinds: list[tuple[str, int]] = []
+        releases: list[str] = []
+        touched: tuple[str, ...] = ()
+        if result.error is None:
+            self._append(plan, result, end_ms, rewinds)
+            job = self.job
+            if plan.job_ids and job is not None and self._keeps_slot(plan) and job.live_rows:
+                record = TickRecord(start_ms, end_ms, plan.action, plan.kind, plan.seq_ids)
+                return Committed(record, [], NO_DELTAS, plan, rewinds, [], continues=True)
+        else:
+            touched = self._fail(plan, result, releases)
+        return self._book(plan, result, start_ms, end_ms, touched, rewinds, releases)
+
+    def _keeps_slot(self, plan: Plan) -> bool:
+        """A burst keeps the slot: its next round runs inside this tick (the policy chose BURST)."""
+        return plan.kind is TickKind.BURST
+
+    def _append(self, plan: Plan, result: Result, end_ms: float, rewinds: list[tuple[str, int]]) -> None:
+        assert self.vocab is not None, "the scheduler needs the model's vocab to commit (Engine gives it)"
+        rows, drafted, accepted = append_result(plan, result, self.requests, self.job if plan.job_ids else None,
+                                                self.vocab, end_ms, self._events, rewinds)
+        if rows:
+            counts = self._counts
+            counts[0] += rows
+            counts[1] += drafted
+            counts[2] += accepted
+
+    def _fail(self, plan: Plan, result: Result, releases: list[str]) -> tuple[str, ...]:
+        num_events = len(self._events)
+        touched = fail_rows(plan, result, self.requests, self.job if plan.job_ids else None, self._events, releases)
+        self._num_early += len(self._events) - num_events  # finish events, stamped with the tick's end
+        return touched
 
     # -- the books ------------------------------------------------------------
-    def commit(self, plan: Plan, outcome: Outcome, start_ms: float, end_ms: float) -> Committed:
+    def _book(self, plan: Plan, result: Result, start_ms: float, end_ms: float, touched: tuple[str, ...],
+              rewinds: list[tuple[str, int]], releases: list[str]) -> Committed:
         self._book_flags(plan)
-        kind, ids = (TickKind.ERROR, outcome.touched) if outcome.error else (plan.kind, plan.request_ids)
+        error = result.error
+        kind, ids = (TickKind.ERROR, touched) if error else (plan.kind, plan.seq_ids)
         record = TickRecord(start_ms, end_ms, plan.action, kind, ids,
-                            prefill_tokens(plan) if kind is TickKind.CHUNK else ())
-        if plan.job is not None:
-            self._book_job(plan, outcome)
-        self.policy.observe(plan, outcome, record, self)
-        num_waiting = self._book_hol(plan, outcome, end_ms - start_ms)
-        if plan.job is None and plan.kind in CLASSIC_PREFILLS:
-            book_prefill(plan.rows, self.running, self.prefilling)
-        emissions = outcome.emissions
-        if self._reaped:
-            emissions, self._reaped = self._reaped + emissions, []
-        events = self._events(emissions, end_ms)
-        return Committed(record, events, self._book_deltas(outcome, num_waiting))
+                            plan.prefill_tokens if kind is TickKind.CHUNK else ())
+        spec_rows: Sequence[str] = ()
+        if plan.job_ids:
+            job_ids = plan.job_ids
+            spec_rows = ([i for i in touched if i in job_ids] if error else
+                         job_ids if plan.action is ActionKind.PREFILL else tuple(self._job_worked()))
+            self._book_job(error is None)
+        self.policy.observe(plan, spec_rows, record, self)
+        num_waiting = self._book_hol(plan, spec_rows, error is None, touched, end_ms - start_ms)
+        if not plan.job_ids and plan.kind in CLASSIC_PREFILLS:
+            book_prefill([self.requests[row.seq_id] for row in plan.prefills], self.running, self.prefilling)
+        events = self._take_events(end_ms, bool(plan.job_ids) and self._keeps_slot(plan), releases)
+        return Committed(record, events, self._book_deltas(spec_rows, num_waiting), plan, rewinds, releases)
 
-    def _events(self, emissions: list[Emission], end_ms: float) -> list[TokenEvent]:
-        """The tick's token events, stamped with its end; finished requests are finalized first."""
+    def _job_worked(self) -> list[str]:
+        return self.job.last_worked if self.job is not None else []
+
+    def _take_events(self, end_ms: float, is_burst: bool, releases: list[str]) -> list[TokenEvent]:
+        """The tick's events, stamped with its end; finished requests are finalized first (in the
+        order they finished), a burst's tokens merge into one event per request."""
+        events, self._events = self._events, []
+        early, self._num_early = (len(events) if is_burst else self._num_early), 0
+        for event in events[:early] if early else ():
+            event.time_ms = end_ms
         outcomes: dict[str, RequestOutcome] = {}
-        for e in emissions:
-            if e.finish_reason is not None and e.seq_id not in outcomes:
-                outcomes[e.seq_id] = self._finalize(self.requests[e.seq_id])
-        if len(emissions) > 1:
-            emissions = merge_emissions(emissions)
-        return [TokenEvent(e.seq_id, e.token_ids, end_ms, e.finish_reason, outcomes.get(e.seq_id))
-                for e in emissions if e.token_ids or e.finish_reason is not None]
+        for event in events:
+            if event.finish_reason is not None and event.seq_id not in outcomes:
+                outcomes[event.seq_id] = self._finalize(self.requests[event.seq_id])
+                releases.append(event.seq_id)
+        if is_burst:
+            events = merge_events(events)
+        if outcomes:
+            for event in events:
+                if event.finish_reason is not None:
+                    event.outcome = outcomes[event.seq_id]
+        return events
 
-    def _book_deltas(self, outcome: Outcome, num_waiting: int) -> TickDeltas:
+    def _book_deltas(self, spec_rows: Sequence[str], num_waiting: int) -> TickDeltas:
         """The speculative counters and the HOL waits the tick ended, into the books and its deltas."""
-        if not (outcome.spec_rows or outcome.rounds or self._hol_samples):
+        rounds, drafted, accepted = self._counts
+        if not (spec_rows or rounds or self._hol.samples):
             return NO_DELTAS  # a classic tick that ended no wait adds nothing
+        self._counts = [0, 0, 0]
         obs = self.obs
-        obs.rounds += outcome.rounds
-        obs.drafted_tokens += outcome.drafted
-        obs.accepted_tokens += outcome.accepted
-        samples, self._hol_samples = self._hol_samples, []
+        obs.rounds += rounds
+        obs.drafted_tokens += drafted
+        obs.accepted_tokens += accepted
+        samples = self._hol.take_samples()
         if samples:
             obs.add_hol_waits(samples)
-        return TickDeltas(outcome.rounds, outcome.drafted, outcome.accepted, int(bool(outcome.spec_rows)),
-                          tuple(samples), num_waiting)
+        return TickDeltas(rounds, drafted, accepted, int(bool(spec_rows)), tuple(samples), num_waiting)
 
     def _book_flags(self, plan: Plan) -> None:
         """The yield flag (upstream's rule); with chunking a prefill is one piece of a classic gap,
         not its end: with decode rows waiting it keeps the flag (one speculative action per gap),
-        and a speculative prefill is itself a speculative action."""
+        and a speculative prefill is itself a speculative action. A burst is no piece of a gap."""
         action = plan.action
         flag = next_yield_flag(self.last_was_spec, action)
         is_prefill = action is ActionKind.PREFILL
         if is_prefill and self.config.is_chunked:
-            is_spec_prefill = plan.kind in SPEC_PREFILLS and plan.job is not None
+            is_spec_prefill = plan.kind in SPEC_PREFILLS and bool(plan.job_ids)
             flag = is_spec_prefill or (self.last_was_spec and plan.state.num_running > 0)
         self.last_was_spec = flag
         if action in SERVES_BATCH:
             self.last_was_prefill = False
-        elif is_prefill and plan.spans:
+        elif is_prefill and plan.prefills and plan.kind is not TickKind.BURST:
             self.last_was_prefill = True
 
-    def _book_job(self, plan: Plan, outcome: Outcome) -> None:
+    def _book_job(self, ok: bool) -> None:
         """The served job leaves the slot when done, or parks when its grant expired (rotation)."""
-        job = plan.job
-        if job is None or job is not self.job:
+        job = self.job
+        if job is None:
             return
         if not job.live_rows:
             self.job = None
-        elif (outcome.error is None and self.config.grant_rounds > 0 and len(self.backlog) > 0
+        elif (ok and self.config.grant_rounds > 0 and len(self.backlog) > 0
               and not job.is_window and job.grant_slices >= self.config.grant_rounds):
             for request in job.rows:
                 request.state = RequestState.PARKED
@@ -229,37 +333,36 @@ class Scheduler(Admissions):
             self.obs.log_grant("park:" + ",".join(job.ids))
             self.job = None
 
-    def _book_hol(self, plan: Plan, outcome: Outcome, wall: float) -> int:
+    def _book_hol(self, plan: Plan, spec_rows: Sequence[str], ok: bool, touched: tuple[str, ...],
+                  wall: float) -> int:
         """HOL waits of this tick; returns how many classic rows waited on its speculative work."""
-        if not outcome.spec_rows:  # a classic tick ends every wait; a park (bookkeeping: nobody served) none
-            if plan.action is not ActionKind.IDLE and plan.kind is not TickKind.PARK and self._hol.has_waits:
-                self._hol_samples += self._hol.end_queue_wait(len(self.queue))
-                self._hol_samples += self._hol.end_batch_wait(len(self.running))
+        hol = self._hol
+        if not spec_rows:  # a classic tick ends every wait; a park (bookkeeping: nobody served) none
+            if plan.action is not ActionKind.IDLE and plan.kind is not TickKind.PARK and hol.has_waits:
+                hol.end_queue_wait(len(self.queue))
+                hol.end_batch_wait(len(self.running))
             return 0
-        batch_served = plan.action is ActionKind.FUSED and outcome.error is None
+        batch_served = plan.action is ActionKind.FUSED and ok
         num_batch = 0 if batch_served else len(self.running)
-        if num_batch and outcome.touched:  # a failed tick's rows (the batch's, if fused) did not wait
-            touched = set(outcome.touched)
+        if num_batch and touched:  # a failed tick's rows (the batch's, if fused) did not wait
             num_batch = sum(r.id not in touched for r in self.running)
         num_waiting = len(self.queue) + num_batch
         self.obs.slices += 1
         self.obs.hol_waiters_max = max(self.obs.hol_waiters_max, num_waiting)
         jobs = self._jobs
-        for seq_id in outcome.spec_rows:
+        for seq_id in spec_rows:
             stats = jobs[seq_id].stats[seq_id]
             stats.slices += 1
             stats.wall_ms = max(stats.wall_ms, wall)
             stats.active_ms += wall
             stats.hol_waiters = max(stats.hol_waiters, num_waiting)
-        self._hol.spec_tick(wall, batch_waits=not batch_served)
+        hol.spec_tick(wall, batch_waits=not batch_served)
         if batch_served:
-            self._hol_samples += self._hol.end_batch_wait(len(self.running))
+            hol.end_batch_wait(len(self.running))
         return num_waiting
 
     def _reap_cancelled(self) -> None:
         """Cancelled requests leave the queue, the batch and the backlog before the next action."""
-        if not self._cancelled:
-            return
         doomed = [r for r in self._cancelled.values()
                   if r.state in (RequestState.WAITING, RequestState.RUNNING, RequestState.PREFILLING)]
         if len(self.backlog):
@@ -269,20 +372,20 @@ class Scheduler(Admissions):
         for request in doomed:
             if request.state is RequestState.WAITING:
                 self.queue.remove(request)
-                self._hol_samples += self._hol.leave_queue(request.id)
+                self._hol.leave_queue(request.id)
             elif request.state is RequestState.RUNNING:
                 self.running.remove(request)
-                self._hol_samples += self._hol.leave_batch()
+                self._hol.leave_batch()
             elif request.state is RequestState.PREFILLING:
                 self.prefilling.remove(request)
             request.state = RequestState.FINISHED
-            request.finish_reason = FinishReason.STOP
-            self._reaped.append(Emission(request.id, (), FinishReason.STOP))
+            request.finish_reason = FinishReason.ERROR if request.error else FinishReason.STOP
+            self._stop((request.id,))  # its finish event frees its caches
 
     def _finalize(self, request: Request) -> RequestOutcome:
         if request in self.running:  # a batch row that failed
             self.running.remove(request)
-            self._hol_samples += self._hol.leave_batch()
+            self._hol.leave_batch()
         elif request in self.prefilling:  # its prefill failed
             self.prefilling.remove(request)
         self.kv.release(request.id)
@@ -295,3 +398,16 @@ class Scheduler(Admissions):
             self.obs.add_burst(burst)
         reason = request.finish_reason or FinishReason.STOP
         return RequestOutcome(reason, request.served_speculatively, burst, request.error)
+
+
+def merge_events(events: list[TokenEvent]) -> list[TokenEvent]:
+    """One event per request per tick: a legacy burst streams as one lump."""
+    merged: dict[str, TokenEvent] = {}
+    for e in events:
+        prev = merged.get(e.seq_id)
+        if prev is None:
+            merged[e.seq_id] = e
+        else:
+            prev.token_ids += e.token_ids
+            prev.finish_reason = e.finish_reason or prev.finish_reason
+    return list(merged.values())

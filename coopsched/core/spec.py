@@ -1,20 +1,18 @@
-"""Speculative jobs: a B = 1 session or a B > 1 window, with its state and the acceptance walk.
+"""Speculative jobs: a B = 1 session or a B > 1 window, its state and the acceptance walk.
 
-A job never calls a model: the executor calls the backend and hands the results
-to `finish_slice0` (the first tokens of a prefill) and `finish_round` (drafts and
-target tokens of one round), which walk acceptance and commit tokens. Slice 0 is
-prefill + first token; a round drafts K-1 tokens and verifies K positions.
+The scheduler starts a job's slices when it plans them and finishes them when it commits the
+model's results: slice 0 is prefill + first token (maybe in chunks); a round drafts K - 1
+tokens and verifies K positions. A job calls no model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from .commit import Detokenize, commit_tokens
+from .append import Vocab, append
 from .request import Request, RequestState
-from .types import Emission, FinishReason, SpecStats
+from .types import FinishReason, SpecStats, TokenEvent
 
 
 def accept_walk(drafts: Sequence[int], targets: Sequence[int], budget: int) -> tuple[list[int], int]:
@@ -33,15 +31,6 @@ def accept_walk(drafts: Sequence[int], targets: Sequence[int], budget: int) -> t
         accepted += 1
     emitted = [*drafts[:accepted], targets[accepted]]
     return emitted[: max(budget, 0)], accepted
-
-
-class RoundResult(NamedTuple):
-    """What one round committed, what the target cache must drop, and its counters."""
-    emissions: list[Emission]
-    rewinds: list[tuple[str, int]]   # (seq_id, rejected positions to drop)
-    rounds: int
-    drafted: int
-    accepted: int
 
 
 @dataclass(eq=False, slots=True)
@@ -83,41 +72,40 @@ class SpecJob:
             request.served_speculatively = True
         return rows
 
-    def finish_slice0(self, rows: list[Request], firsts: Sequence[int], eos_token_id: int,
-                      detokenize: Detokenize) -> list[Emission]:
-        """Commit each row's first token (only after every prefill succeeded)."""
-        self.is_begun = True
-        out = [commit(r, [first], eos_token_id, detokenize) for r, first in zip(rows, firsts)]
-        self.grant_slices += 1
-        self.last_worked = [r.id for r in rows]
-        return out
-
-    def stop_cancelled(self) -> list[Emission]:
-        """Cancelled rows finish before the slice does any model work for them."""
+    def stop_cancelled(self) -> list[str]:
+        """Cancelled rows finish before the slice does any model work for them (failed ones with
+        their error)."""
         stopped = []
         for request in self.rows:
             if request.is_cancelled and not request.is_finished:
                 request.state = RequestState.FINISHED
-                request.finish_reason = FinishReason.STOP
+                request.finish_reason = FinishReason.ERROR if request.error else FinishReason.STOP
                 self.firsts.pop(request.id, None)
-                stopped.append(Emission(request.id, (), FinishReason.STOP))
+                stopped.append(request.id)
         return stopped
 
-    def finish_chunk(self, rows: list[Request], done: Sequence[tuple[str, int | None]], eos_token_id: int,
-                     detokenize: Detokenize) -> list[Emission]:
-        """One chunk of slice 0 ran for `done` (seq_id, first token if its prompt is now all in): a
-        slice. Once every row has its first token, slice 0 ends as `finish_slice0` (all at once)."""
+    def finish_chunk(self, rows: list[Request], done: Sequence[tuple[str, int | None]], vocab: Vocab,
+                     time_ms: float) -> list[TokenEvent]:
+        """Slice 0 ran for `done` (seq_id, first token if its prompt is now all in). Once every row
+        has its first token slice 0 ends: each row's first token is appended, all at once."""
         for seq_id, first in done:
             if first is not None:
                 self.firsts[seq_id] = first
         if rows and all(r.id in self.firsts for r in rows):
-            return self.finish_slice0(rows, [self.firsts.pop(r.id) for r in rows], eos_token_id, detokenize)
+            self.is_begun = True
+            self.grant_slices += 1
+            self.last_worked = [r.id for r in rows]
+            events = []
+            for request in rows:
+                tokens, reason = append(request, [self.firsts.pop(request.id)], vocab)
+                events.append(TokenEvent(request.id, tokens, time_ms, reason))
+            return events
         self.grant_slices += 1
         self.last_worked = [seq_id for seq_id, _ in done]
         return []
 
-    def start_round(self) -> tuple[list[Emission], list[Request]]:
-        """Cancelled rows stop before any draft; returns their finish emissions and the rows to draft."""
+    def start_round(self) -> tuple[list[str], list[Request]]:
+        """Cancelled rows stop before any draft; returns them and the rows to draft."""
         self.last_worked = []
         stopped = self.stop_cancelled()
         rows = self.live_rows
@@ -125,33 +113,25 @@ class SpecJob:
             request.state = RequestState.SPECULATIVE
         return stopped, rows
 
-    def finish_round(self, rows: list[Request], drafts: Sequence[Sequence[int]],
-                     targets: Sequence[Sequence[int]], eos_token_id: int,
-                     detokenize: Detokenize) -> RoundResult:
-        """Walk acceptance per row, then commit what each row may emit."""
+    def finish_round(self, rows: Sequence[Request], drafts: Sequence[Sequence[int]],
+                     targets: Sequence[Sequence[int]], vocab: Vocab,
+                     time_ms: float) -> tuple[list[TokenEvent], list[tuple[str, int]], int]:
+        """Walk acceptance per row, then append what each row may emit; returns the events, the
+        rejected positions to rewind per row, and the drafts accepted."""
         num_drafts = self.block_size - 1
-        # every row's verify width is checked before any row commits
+        # every row's verify width is checked before any row is appended to
         walks = [accept_walk(d, t, r.num_remaining) for r, d, t in zip(rows, drafts, targets)]
-        emissions, rewinds, accepted_total = [], [], 0
+        events, rewinds, accepted_total = [], [], 0
         for request, (emitted, accepted) in zip(rows, walks):
             stats = self.stats[request.id]
             stats.rounds += 1
             stats.drafted += num_drafts
             stats.accepted += min(accepted, num_drafts)
             accepted_total += min(accepted, num_drafts)
-            emission = commit(request, emitted, eos_token_id, detokenize)
-            emissions.append(emission)
-            if emission.finish_reason is None:
+            tokens, reason = append(request, emitted, vocab)
+            events.append(TokenEvent(request.id, tokens, time_ms, reason))
+            if reason is None:
                 rewinds.append((request.id, num_drafts - accepted))
         self.grant_slices += 1
         self.last_worked = [r.id for r in rows]
-        return RoundResult(emissions, rewinds, len(rows), len(rows) * num_drafts, accepted_total)
-
-
-def commit(request: Request, tokens: Sequence[int], eos_token_id: int, detokenize: Detokenize) -> Emission:
-    """Commit tokens to a row (classic or speculative) and finish it when a rule says so."""
-    committed, reason = commit_tokens(request, tokens, eos_token_id, detokenize)
-    if reason is not None:
-        request.state = RequestState.FINISHED
-        request.finish_reason = reason
-    return Emission(request.id, tuple(committed), reason)
+        return events, rewinds, accepted_total

@@ -1,17 +1,13 @@
-"""The records every part of coopsched shares: actions, tick kinds, emissions, events, tick records.
+"""The records every part of coopsched shares: actions, tick kinds, token events, tick records.
 
-A tick's kind is set where the work is planned or fails, never parsed from text
-later: the bounds, the cost arbiter and the reports all read `TickRecord.kind`.
-Times are the ones the engine passed in (ms); nothing here reads a clock. The
-records made every tick or every row are slotted classes (the cheapest to make and
-read; nothing changes them once made); TickState and TickDeltas stay frozen NamedTuples
-(policies are table-tested on them; a classic tick shares one empty TickDeltas).
+A tick's kind is set where the work is planned or fails, never parsed from text later (the
+bounds, the cost arbiter and the reports read `TickRecord.kind`). Times are the engine's (ms).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 
@@ -66,20 +62,12 @@ class TickState(NamedTuple):
     num_running: int = 0             # classic rows in the decode batch
     max_batch_size: int = 8
     num_admissible: int = 0          # queued requests that could be admitted now (a KV slot is free)
-    has_parked_prefill: bool = False  # a classic chunked prefill in progress (its rows wait to join the batch)
+    has_chunked_prefill: bool = False  # a classic prefill under way in chunks (its rows join the batch when done)
     last_was_spec: bool = False      # the yield flag
     num_queued: int = 0              # every queued request, admissible or not
     num_free_slots: int = 0          # KV slots free
     prefill_yields: bool = False     # chunking: a prefill ran since the batch was served; the decode rows go next
     spec_prefilling: bool = False    # chunking: the next speculative job's slice 0 is unfinished (never fused)
-
-
-@dataclass(slots=True)
-class Emission:
-    """Tokens a tick made visible for one request, and whether that finished it."""
-    seq_id: str
-    token_ids: tuple[int, ...]
-    finish_reason: FinishReason | None = None
 
 
 @dataclass(slots=True)
@@ -129,6 +117,7 @@ class RequestOutcome:
 
 @dataclass(slots=True)
 class TokenEvent:
+    """Tokens a tick made visible for one request (at `time_ms`, the tick's end), and its finish."""
     seq_id: str
     token_ids: tuple[int, ...]
     time_ms: float
@@ -157,19 +146,6 @@ class TickRecord:
         return out
 
 
-@dataclass(slots=True)
-class Outcome:
-    """What the executor did with a plan: the emissions and the speculative work counted."""
-    emissions: list[Emission] = field(default_factory=list)
-    spec_rows: tuple[str, ...] = ()   # rows that did speculative model work this tick
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    error: str | None = None          # a model call failed: only `failed` rows ended
-    failed: tuple[str, ...] = ()
-    touched: tuple[str, ...] = ()     # on error: the rows the tick record names
-
-
 class TickDeltas(NamedTuple):
     """What one committed tick adds to the books: a server exports these, never the books."""
     rounds: int = 0
@@ -179,9 +155,3 @@ class TickDeltas(NamedTuple):
     hol_waits: tuple[tuple[float, int], ...] = ()  # (wait ms, how many rows waited it)
     hol_waiters: int = 0                           # rows waiting on this tick's speculative work
 
-
-@dataclass(slots=True)
-class Committed:
-    record: TickRecord
-    events: list[TokenEvent]
-    deltas: TickDeltas

@@ -1,7 +1,7 @@
 """Scheduler invariants checked after every tick (state machine and `coopsched simulate`).
 
-`Checked` drives one Scheduler tick by tick (schedule -> execute -> commit, as the
-engine does) over a `FaultyBackend` around a MockBackend in virtual time, and raises
+`Checked` drives one Scheduler tick by tick (`Engine.step`: schedule -> run -> commit) over a
+`FaultyBackend` around a MockBackend in virtual time, and raises
 `InvariantError` naming the tick and the rule as soon as one breaks: KV slots add up
 and are held exactly by admitted requests, every live request is in exactly one
 place, one action (and at most one speculative job) per tick, strict alternation in
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 
 from coopsched.core import ActionKind, FinishReason, Request, RequestState, Scheduler, TickKind
-from coopsched.executor import Executor
+from coopsched.engine import Engine
 from mocks import oracle
 
 ADMITTED = (RequestState.RUNNING, RequestState.PREFILLING, RequestState.SPECULATIVE, RequestState.PARKED)
@@ -52,7 +52,7 @@ class Checked:
 
     def __init__(self, scheduler: Scheduler, faulty, mock, clock) -> None:
         self.scheduler, self.faulty, self.mock, self.clock = scheduler, faulty, mock, clock
-        self.executor = Executor(faulty)
+        self.engine = Engine(scheduler, faulty, clock)
         self.submitted: dict[str, Request] = {}
         self.streamed: dict[str, list[int]] = {}
         self.finished: dict[str, FinishReason] = {}
@@ -96,21 +96,17 @@ class Checked:
             raise
 
     def _step(self) -> None:
-        sched = self.scheduler
         self.faulty.take_calls()  # calls outside a tick (none expected) are not this tick's
-        plan = sched.schedule()
-        state = plan.state
-        classic_pending = state.num_running > 0 or state.num_admissible > 0 or state.has_parked_prefill
-        if state.num_queued > 0 and state.num_free_slots == 0:
-            self.kv_full_ticks += 1
-        start = self.clock.now()
         self._in_tick = True
         try:
-            outcome = self.executor.run(plan)
+            committed = self.engine.step()
         finally:
             self._in_tick = False
-        committed = sched.commit(plan, outcome, start, self.clock.now())
-        record, events = committed.record, committed.events
+        plan, record, events = committed.plan, committed.record, committed.events
+        state = plan.state
+        classic_pending = state.num_running > 0 or state.num_admissible > 0 or state.has_chunked_prefill
+        if state.num_queued > 0 and state.num_free_slots == 0:
+            self.kv_full_ticks += 1
         self.num_ticks += 1
         self.actions[record.action.value] += 1
         self.kinds[record.kind.value] += 1
@@ -142,7 +138,7 @@ class Checked:
         kinds = Counter(kind for kind, _ in calls)
         if not set(kinds) <= ALLOWED_CALLS.get(action, set()):
             self._fail(where, f"{action.value} tick made model calls {dict(kinds)}")
-        job_ids = set(plan.job.ids) if plan.job is not None else set()
+        job_ids = set(plan.job_ids)
         drafted = {i for kind, ids in calls if kind in ("draft", "verify") for i in ids}
         if not drafted <= job_ids:
             self._fail(where, f"rows {sorted(drafted - job_ids)} drafted outside the tick's job {sorted(job_ids)}")
@@ -157,22 +153,23 @@ class Checked:
 
     def _check_prefill(self, plan, calls, where) -> None:
         config = self.scheduler.config
-        if plan.job is None and plan.spans and len(plan.spans) > config.max_batch_prefill:
-            self._fail(where, f"{len(plan.spans)} rows prefilled together > max_batch_prefill")
+        spans = () if plan.kind is TickKind.BURST else plan.prefills  # a burst runs its request whole
+        if not plan.job_ids and spans and len(spans) > config.max_batch_prefill:
+            self._fail(where, f"{len(spans)} rows prefilled together > max_batch_prefill")
         if not config.is_chunked:
             return
         drafted = {i for kind, ids in calls if kind in ("draft", "verify") for i in ids}
-        for request in (plan.job.rows if plan.job is not None else []):
+        for request in (self.submitted[i] for i in plan.job_ids):
             if request.id in drafted and request.num_prefilled != len(request.prompt_token_ids):
                 self._fail(where, f"{request.id} drafted with {request.num_prefilled} of its "
                                   f"{len(request.prompt_token_ids)} prompt tokens prefilled")
-        tokens = sum(s.stop - s.start for s in plan.spans)
+        tokens = sum(s.stop - s.start for s in spans)
         if tokens > config.prefill_chunk_tokens:
             self._fail(where, f"{tokens} prompt tokens prefilled in one tick > the chunk budget")
         if plan.state.num_running == 0 or plan.action in (ActionKind.DECODE, ActionKind.FUSED):
             self._gap_prefills = self._gap_spec = 0  # the decode rows were served (or none waited)
             return
-        self._gap_prefills += plan.action is ActionKind.PREFILL and bool(plan.spans)
+        self._gap_prefills += plan.action is ActionKind.PREFILL and bool(spans)
         self._gap_spec += plan.action is ActionKind.SPEC_ROUND
         if self._gap_prefills > 1:
             self._fail(where, "a decode row waited two prefill ticks in a row (chunking)")

@@ -16,7 +16,8 @@ import argparse
 import sys
 
 from coopsched import cli
-from coopsched.executor import Executor
+from coopsched.core.scheduler import Scheduler
+from coopsched.executor import BackendError
 from coopsched.server import cli as server_cli
 from coopsched.server.runtime import EngineHost
 from harness.sim.faults import FaultyBackend
@@ -26,9 +27,9 @@ PLANTS = ("no-containment", "no-cancel", "plain-shutdown")
 
 def plant(name: str) -> None:
     if name == "no-containment":
-        def reraise(self, plan, out, exc, *_):
-            raise exc
-        Executor._contain = reraise
+        def reraise(self, plan, result, releases):
+            raise BackendError(result.error or "", result.failed)
+        Scheduler._fail = reraise
     elif name == "no-cancel":
         EngineHost.cancel = lambda self, seq_id: None
     elif name == "plain-shutdown":

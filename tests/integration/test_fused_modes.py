@@ -1,4 +1,4 @@
-"""Issue 7 on the scenarios, in virtual time: fused and cost bounds, parity, throughput vs the burst,
+"""Fused and cost modes on the scenarios, in virtual time: fused and cost bounds, parity, throughput vs the burst,
 and proof that each new check fails on what it guards against."""
 
 import json

@@ -151,7 +151,7 @@ def _hunt() -> BaseException:
     ("yield-flag", "waited two speculative"),  # rounds in a row, or (chunking) ticks in one gap
     ("slot-release", "finished but still holds a slot"),
     ("cancel-ignored-in-round", "after its cancel took effect"),
-    ("cancelled-row-decoded", "after its cancel took effect"),
+    ("cancelled-row-decoded", "after its finish (stop)"),  # the decoded row streams again
     ("error-not-contained", "injected"),
     ("plain-exception-escapes", "injected"),
     ("prefill-never-yields", "waited two prefill ticks in a row"),

@@ -1,4 +1,4 @@
-"""The fidelity terms of the cost model (issue 13): each default reproduces the earlier costs exactly;
+"""The fidelity terms of the cost model: each default reproduces the earlier costs exactly;
 padding, the path switch, fitted jitter and a whole-round term change costs as documented."""
 
 import json

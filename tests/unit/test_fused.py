@@ -1,4 +1,4 @@
-"""Fused mode (issue 7): the policy table, the mock's fused forward, exact gaps, parity, HOL books."""
+"""Fused mode: the policy table, the mock's fused forward, exact gaps, parity, HOL books."""
 
 import pytest
 from factories import make_backend, make_engine, serve_both_ways, token_times
@@ -33,7 +33,7 @@ K = 4
                  id="decode-between-slice0-chunks"),
     pytest.param(TickState(has_spec_work=True, spec_prefilling=True, last_was_spec=True), S,
                  id="slice0-chunks-alone-back-to-back"),
-    pytest.param(TickState(has_spec_work=True, num_running=1, has_parked_prefill=True, prefill_yields=True), F,
+    pytest.param(TickState(has_spec_work=True, num_running=1, has_chunked_prefill=True, prefill_yields=True), F,
                  id="fused-after-a-classic-chunk"),
 ])
 def test_decide_fused(state, expected):

@@ -1,4 +1,4 @@
-"""Chunked and batched prefill (issue 12): spans, tick kinds, exact virtual-time gaps, the mock's price."""
+"""Chunked and batched prefill: spans, tick kinds, exact virtual-time gaps, the mock's price."""
 
 import itertools
 
@@ -42,9 +42,9 @@ def test_bad_knobs_name_the_value(kwargs, match):
 def test_a_budget_spans_prompts_in_order_and_never_exceeds_itself():
     a, b, c = (long_request(i, n) for i, n in (("a", 10), ("b", 25), ("c", 4)))
     spans = spans_for([a, b, c], Budget(16, 3))
-    assert [(s.request.id, s.start, s.stop) for s in spans] == [("a", 0, 10), ("b", 0, 6)]
+    assert [(s.seq_id, s.start, s.stop) for s in spans] == [("a", 0, 10), ("b", 0, 6)]
     b.num_prefilled = 6
-    assert [(s.request.id, s.start, s.stop) for s in spans_for([b, c], Budget(16, 1))] == [("b", 6, 22)]
+    assert [(s.seq_id, s.start, s.stop) for s in spans_for([b, c], Budget(16, 1))] == [("b", 6, 22)]
     assert [(s.start, s.stop) for s in spans_for([a, b, c], Budget(0, 2))] == [(0, 10), (6, 25)]  # 0: whole
 
 

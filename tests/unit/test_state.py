@@ -1,17 +1,21 @@
-"""KV slot pool, prefill queue lanes, commit rules and HOL accounting."""
+"""KV slot pool, prefill queue lanes, stop rules and HOL accounting."""
 
 import pytest
 from factories import make_backend, make_engine, make_requests
 
 from coopsched.core import FinishReason, Priority, Request, RequestError, SamplingParams, Scheduler, SchedulerConfig
-from coopsched.core.commit import commit_tokens
+from coopsched.core.append import append_tokens
 from coopsched.core.kv import KVSlotPool
 from coopsched.core.queue import PrefillQueue
 from coopsched.engine import Engine
 from mocks import ByteTokenizer
 
-DETOK = ByteTokenizer().decode
 EOS = ByteTokenizer.eos_token_id
+
+
+class Vocab:
+    eos_token_id = EOS
+    detokenize = staticmethod(ByteTokenizer().decode)
 
 
 def test_request_that_can_never_fit_is_refused_with_the_numbers():
@@ -75,9 +79,9 @@ def test_queue_lanes_are_fifo_within_priority():
     pytest.param([ord("a"), EOS], 2, (), [97], FinishReason.STOP, id="eos-within-budget"),
     pytest.param([ord("a"), ord("b")], 5, (), [97, 98], None, id="unfinished"),
 ])
-def test_commit_ranking(tokens, max_tokens, stop, committed, reason):
+def test_finish_ranking(tokens, max_tokens, stop, committed, reason):
     request = Request("r", (1,), max_tokens, stop=stop)
-    assert commit_tokens(request, tokens, EOS, DETOK) == (committed, reason)
+    assert append_tokens(request, tokens, Vocab()) == (committed, reason)
 
 
 def test_hol_waiters_is_the_true_maximum():

@@ -1,20 +1,7 @@
 """Cost mode: a cost-aware arbiter that bounds the HOL stall in milliseconds, not ticks.
 
-It learns what actions cost from the tick walls the engine passes to commit (it
-never reads a clock) and the acceptance rate from the rounds' counters. Before
-each tick, while classic rows run, it runs another speculative round only if it
-still lets every running classic row get its next token within `hol_budget_ms`
-of its last one, so several rounds may run between two decode steps; among the
-widths K in [2, block_size] that fit it takes the one with the most expected
-tokens per ms (an unmeasured width that fits is tried first: its bound is safe).
-With no classic work, speculation runs back to back, no budget.
-
-Unmeasured costs: at most one speculative action per classic gap (a probe, at the
-smallest K, right after a classic service), so the arbiter is never worse than
-strict alternation. A budget below the floor (one decode + the smallest round)
-cannot be met: the arbiter then alternates at the smallest K rather than starve.
-A chunked slice 0 is budgeted like a round: its next chunk's cost is learnt from
-the chunks and slice 0s measured (a prefill with the drafter, by tokens).
+It learns action costs from the tick walls commit passes it (never a clock) and picks rounds
+and their width K so every running classic row gets its next token within `hol_budget_ms`.
 """
 
 from __future__ import annotations
@@ -26,7 +13,7 @@ from ..plan import Plan
 from ..policy import Decision, SchedulerView, decide_action, wants_prefill
 from ..request import Request
 from ..spec import SpecJob
-from ..types import ActionKind, Outcome, TickKind, TickRecord, TickState
+from ..types import ActionKind, TickKind, TickRecord, TickState
 
 MIN_BLOCK_SIZE = 2
 EPS_MS = 1e-9
@@ -60,8 +47,22 @@ class CostEstimator:
 
 
 class CostPolicy:
+    """Learns what actions cost from the committed ticks' walls and the acceptance rate from the
+    rounds' counters. Before each tick, while classic rows run, it runs another speculative round
+    only if it still lets every running classic row get its next token within `hol_budget_ms` of
+    its last one, so several rounds may run between two decode steps; among the widths K in
+    [2, block_size] that fit it takes the one with the most expected tokens per ms (an unmeasured
+    width that fits is tried first: its bound is safe). With no classic work, speculation runs
+    back to back, no budget.
+
+    Unmeasured costs: at most one speculative action per classic gap (a probe, at the smallest K,
+    right after a classic service), so the arbiter is never worse than strict alternation. A
+    budget below the floor (one decode + the smallest round) cannot be met: the arbiter then
+    alternates at the smallest K rather than starve. A chunked slice 0 is budgeted like a round:
+    its next chunk's cost is learnt from the chunks and slice 0s measured (by tokens)."""
+
     def __init__(self, config: Any) -> None:
-        self.is_sliced = config.draft_kind != "dflash"
+        self.keeps_slot = config.draft_kind == "dflash"
         self.budget_ms = config.hol_budget_ms
         self.max_k = config.block_size
         self.chunk_tokens = config.prefill_chunk_tokens  # 0: a slice 0 prefills its whole prompt
@@ -152,7 +153,7 @@ class CostPolicy:
         return float(k) if a >= 1.0 else (1.0 - a ** k) / (1.0 - a)
 
     # -- learning -------------------------------------------------------------
-    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, sched: SchedulerView) -> None:
+    def observe(self, plan: Plan, spec_rows: Sequence[str], record: TickRecord, sched: SchedulerView) -> None:
         """Learn from one committed tick (before its finished rows are finalized)."""
         self._tick += 1
         self.now_ms = record.end_ms
@@ -161,33 +162,33 @@ class CostPolicy:
         if record.action is ActionKind.DECODE or record.kind is TickKind.ADMIT:
             for seq_id in record.request_ids:
                 self._served[seq_id] = (self._tick, record.end_ms)
-        elif record.kind is TickKind.CHUNK and plan.job is None:  # rows whose prompt is now all in
-            for request in plan.rows:
-                if request.num_prefilled == len(request.prompt_token_ids):
-                    self._served[request.id] = (self._tick, record.end_ms)
+        elif record.kind is TickKind.CHUNK and not plan.job_ids:  # rows whose prompt is now all in
+            for row in plan.prefills:
+                if row.is_last:
+                    self._served[row.seq_id] = (self._tick, record.end_ms)
         for book in (self._served, self._seen_accepted):
             for seq_id in [s for s in book if s not in sched.requests]:
                 del book[seq_id]  # rows finalized since
-        if not outcome.spec_rows:
+        if not spec_rows:
             return
         self._last_spec_tick = self._tick
         if record.action is ActionKind.SPEC_ROUND and plan.kind in (TickKind.ROUND, TickKind.GRANT):
-            k = plan.job.block_size if plan.job is not None else self.k
-            self.round.observe((k, len(outcome.spec_rows)), record.wall_ms)
+            k = plan.verifies[0].k if plan.verifies else self.k
+            self.round.observe((k, len(spec_rows)), record.wall_ms)
             self.k_log.append(k)
-            self._count_acceptance(plan.job, outcome.spec_rows, k)
+            self._count_acceptance(sched, spec_rows, k)
         elif record.kind is TickKind.CHUNK:
             self.slice0.observe((max(sum(record.prefill_tokens), 1),), record.wall_ms)
         elif record.kind in (TickKind.SLICE0, TickKind.WINDOW) or record.action is ActionKind.SPEC_ROUND:
-            tokens = sum(len(sched.requests[i].prompt_token_ids) for i in outcome.spec_rows
-                         if i in sched.requests)
+            tokens = sum(len(sched.requests[i].prompt_token_ids) for i in spec_rows if i in sched.requests)
             self.slice0.observe((max(tokens, 1),), record.wall_ms)
 
-    def _count_acceptance(self, job: SpecJob | None, seq_ids: Sequence[str], k: int) -> None:
+    def _count_acceptance(self, sched: SchedulerView, seq_ids: Sequence[str], k: int) -> None:
         for seq_id in seq_ids:
-            if job is None or seq_id not in job.stats:
+            stats = sched.spec_stats(seq_id)
+            if stats is None:
                 continue
-            total = job.stats[seq_id].accepted
+            total = stats.accepted
             accepted, self._seen_accepted[seq_id] = total - self._seen_accepted.get(seq_id, 0), total
             self.num_accepted += accepted
             self.num_missed += accepted < k - 1

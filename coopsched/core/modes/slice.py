@@ -6,19 +6,20 @@ still runs each speculative request whole, as upstream does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..plan import Plan
 from ..policy import DECIDED, Decision, SchedulerView, decide_action
-from ..types import Outcome, TickRecord, TickState
+from ..types import TickRecord, TickState
 
 
 class SlicePolicy:
     def __init__(self, config: Any) -> None:
-        self.is_sliced = config.draft_kind != "dflash"
+        self.keeps_slot = config.draft_kind == "dflash"
 
     def decide(self, state: TickState, view: SchedulerView) -> Decision:
         return DECIDED[decide_action(state)]
 
-    def observe(self, plan: Plan, outcome: Outcome, record: TickRecord, view: SchedulerView) -> None:
+    def observe(self, plan: Plan, spec_rows: Sequence[str], record: TickRecord, view: SchedulerView) -> None:
         pass
