@@ -96,7 +96,8 @@ def _default(action: argparse.Action) -> str:
         return "off" if action.default in (False, None) else "on"
     if action.default is None or action.default == argparse.SUPPRESS or action.default == []:
         return "-"
-    return str(action.default)
+    text = str(action.default)  # a path inside the checkout reads the same in every clone
+    return text.replace(f"{ROOT}/", "") if text.startswith(f"{ROOT}/") else text
 
 
 @dataclass
