@@ -1,4 +1,4 @@
-"""The `coopsched` command: run, sweep, serve, model build, calibrate, report, simulate, judge.
+"""The `coopsched` command: run, sweep, serve, model build, calibrate, report, simulate, judge, compare.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
 `main(args) -> int`; modules are imported only when their command runs.
@@ -19,7 +19,8 @@ COMMANDS = {
     "calibrate": ("harness.calibrate.cli", "a mock cost profile of the MLX backend or any server (--target)"),
     "report": ("harness.report.build", "HTML/PNG report and benchmark trends"),
     "simulate": ("harness.sim.simulate", "seeded deterministic simulation with faults"),
-    "judge": ("harness.run.judge", "per-token SLO attainment of timings recorded by aiperf, locust or a trace"),
+    "judge": ("harness.judge.cli", "per-token SLO attainment of timings recorded by aiperf, locust or a trace"),
+    "compare": ("harness.compare.cli", "two runs or two sweeps side by side: which metric regressed (a CI gate)"),
 }
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .core.backend import ModelBackend
-from .core.plan import Committed, Plan
+from .core.plan import Committed
 from .core.request import Request, RequestError
 from .core.scheduler import Scheduler
 from .core.types import ActionKind, TickKind, TickRecord, TokenEvent
@@ -79,15 +79,18 @@ class Engine:
         """One tick: plan one action, run it, commit it (with the requests that arrived by its end),
         apply what the commit says; a burst repeats run + commit inside the one tick."""
         scheduler, executor, clock = self.scheduler, self.executor, self.clock
-        plan: Plan | None = scheduler.schedule()
+        plan = scheduler.schedule()
         start = clock.now()
-        while plan is not None:
+        while True:
             result = executor.run(plan)
             end = clock.now()
             committed = scheduler.commit(plan, result, start, end, arrived(end) if arrived is not None else ())
             if committed.rewinds or committed.releases:
-                executor.apply(committed.rewinds, committed.releases)
-            plan = committed.then
+                for seq_id, why in executor.apply(committed.rewinds, committed.releases):
+                    scheduler.fail(seq_id, why)  # its cache is wrong: it ends before its next round
+            if not committed.continues:
+                break
+            plan = scheduler.next_round(plan)
         if self.on_event:
             for event in committed.events:
                 self.on_event(event)

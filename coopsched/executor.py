@@ -38,7 +38,7 @@ def guard(seq_ids: Sequence[str], call: Callable[..., T], *args: Any) -> T:
 class Executor:
     def __init__(self, backend: ModelBackend) -> None:
         self.backend = backend
-        self.cleanup_errors: list[str] = []  # a failed rewind or release, kept for logs
+        self.release_errors: list[str] = []  # a failed release frees the slot anyway; kept for logs
 
     def run(self, plan: Plan) -> Result:
         """The plan's forwards in order: prefills, then the draft and one forward over the verify
@@ -76,15 +76,18 @@ class Executor:
         for r in rows:
             firsts.append(guard((r.seq_id,), backend.prefill, r.seq_id, r.prompt, r.params, r.with_draft))
 
-    def apply(self, rewinds: Sequence[tuple[str, int]], releases: Sequence[str]) -> None:
-        """What the commit decided: drop rejected draft positions, free finished rows' caches."""
+    def apply(self, rewinds: Sequence[tuple[str, int]], releases: Sequence[str]) -> list[tuple[str, str]]:
+        """What the commit decided: drop rejected draft positions, free finished rows' caches.
+        Returns the rows whose rewind failed (seq_id, why): their caches are wrong, they must end."""
+        failed = []
         for seq_id, num_tokens in rewinds:
-            self._cleanup(self.backend.rewind, seq_id, num_tokens)
+            try:
+                guard((seq_id,), self.backend.rewind, seq_id, num_tokens)
+            except BackendError as exc:
+                failed.append((seq_id, str(exc)))
         for seq_id in releases:
-            self._cleanup(self.backend.release, seq_id)
-
-    def _cleanup(self, call: Callable[..., None], seq_id: str, *args: Any) -> None:
-        try:
-            guard((seq_id,), call, seq_id, *args)
-        except BackendError as exc:
-            self.cleanup_errors.append(f"{call.__name__} {seq_id}: {exc}")
+            try:
+                guard((seq_id,), self.backend.release, seq_id)
+            except BackendError as exc:  # the slot is freed anyway; kept for logs
+                self.release_errors.append(f"release {seq_id}: {exc}")
+        return failed

@@ -85,7 +85,7 @@ class MockBackend:
         self._charge(self.cost.decode(len(rows)), "decode", "classic")
         return self._decode_rows(rows)
 
-    # -- chunked and batched prefill (issue 12) ---------------------------------
+    # -- chunked and batched prefill -------------------------------------------
     def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
         """One prefill forward over every row's span, charged `CostModel.prefill_batch`; a row's
         first token once its prompt is all in (the same context hash as a whole prefill)."""

@@ -114,7 +114,7 @@ class CostModel:
     def slice0(self, prompt_len: int) -> float:
         return self.prefill(prompt_len, with_draft=True)
 
-    # -- chunked and batched prefill (issue 12): priced from the prefill terms, no knob of its own --
+    # -- chunked and batched prefill: priced from the prefill terms, no knob of its own --
     def prefill_batch(self, spans: Sequence[tuple[int, bool]]) -> float:
         """ONE prefill forward over several rows' spans, each (tokens, with_draft): whole prompts
         or chunks. The fixed cost is paid once per forward (what batching saves, and what each

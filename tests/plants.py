@@ -6,11 +6,16 @@ Each entry: the handling it removes, and the fault mix that exercises it.
 
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
+
+import coopsched.core.append as append_module
 import coopsched.core.scheduler as scheduler_module
 import coopsched.executor as executor_module
 from coopsched.core import upstream_rule
 from coopsched.core.append import append
 from coopsched.core.kv import KVSlotPool
+from coopsched.core.request import SamplingParams
 from coopsched.core.spec import SpecJob
 
 Scheduler = scheduler_module.Scheduler
@@ -125,6 +130,27 @@ def _grant_never_fires(mp):
     mp.setattr(upstream_rule, "grant_due", lambda state: False)
 
 
+def _stop_before_min_tokens(mp):
+    """A stop string ends a request before its min_tokens (the rule vLLM does not have)."""
+    real = append_module.append_tokens
+
+    def early(request, tokens, vocab):
+        sampling = request.sampling
+        request.sampling = replace(sampling, min_tokens=0)
+        try:
+            return real(request, tokens, vocab)
+        finally:
+            request.sampling = sampling
+    for module in list(sys.modules.values()):  # wherever the core imported it by name
+        if getattr(module, "__name__", "").startswith("coopsched.") and getattr(module, "append_tokens", None) is real:
+            mp.setattr(module, "append_tokens", early)
+
+
+def _eos_before_min_tokens(mp):
+    """The model may sample EOS before min_tokens (only ignore_eos masks it)."""
+    mp.setattr(SamplingParams, "suppresses_eos", lambda self, output_index: self.ignore_eos)
+
+
 # name -> (plant, fault mix for `coopsched simulate` that exercises the handling it removes;
 # None: too rare in its seeds, so a scripted test shows it instead)
 PLANTS = {
@@ -141,6 +167,8 @@ PLANTS = {
     "chunk-progress-kept": (_chunk_progress_kept, None),  # a window's later chunk failing
     "prefill-never-yields": (_prefill_never_yields, "none"),
     "grant-never-fires": (_grant_never_fires, "none"),
+    "stop-before-min-tokens": (_stop_before_min_tokens, "none"),
+    "eos-before-min-tokens": (_eos_before_min_tokens, "none"),
 }
 
 

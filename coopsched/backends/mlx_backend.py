@@ -131,7 +131,7 @@ class MlxBackend:
         self._seqs[seq_id] = seq
         return self._sample([seq], logits[:, -1, :], [len(prompt)])[0]
 
-    # -- chunked and batched prefill (issue 12) ---------------------------------
+    # -- chunked and batched prefill -------------------------------------------
     def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
         """Prefill spans of several rows (chunks or whole prompts) as `prefill` does one prompt,
         batched: ONE target forward over every span but the last token of a prompt that ends in it

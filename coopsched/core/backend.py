@@ -34,6 +34,10 @@ class PrefillRow(NamedTuple):
 class ModelBackend(Protocol):
     eos_token_id: int
 
+    @property
+    def num_live(self) -> int:
+        """Sequences whose caches are held (prefilled and not yet released): 0 once every request ended."""
+
     def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
                 with_draft: bool) -> int:
         """Fill the target (and drafter) caches with the prompt; return the first token."""

@@ -1,11 +1,7 @@
 """The scheduler's books: counters, HOL waits, grants and BurstFinalized records.
 
-All times are the ones the engine passed in (ms); nothing here reads a clock.
-HOL wait is the time classic rows with pending work (decode rows plus queued
-requests, not the speculative backlog) spend waiting on speculative actions; the
-waits are kept as a multiset (wait -> rows), so memory grows with distinct waits,
-not with ticks x queue. A long-running server keeps no history (`keep_history`): on a
-real clock every wait is distinct, so it exports each tick's waits (TickDeltas) instead.
+HOL waits are kept as a multiset (wait -> rows): memory grows with distinct waits, not ticks x
+queue. A server keeps no history (`keep_history`): it exports each tick's TickDeltas instead.
 """
 
 from __future__ import annotations

@@ -58,11 +58,12 @@ EMPTY_RESULT = Result()
 @dataclass(slots=True)
 class Committed:
     """What `Scheduler.commit` booked: the tick's record, events and counter deltas, and what the
-    executor must apply (rewinds, releases). `then`: the plan that continues this tick (a burst)."""
+    executor must apply (rewinds, releases). `continues`: the tick goes on (a burst keeps the slot:
+    its next round, `Scheduler.next_round`, runs before the tick's events are made)."""
     record: TickRecord
     events: list[TokenEvent]
     deltas: TickDeltas
     plan: Plan
     rewinds: list[tuple[str, int]]   # (seq_id, rejected positions to drop from the target cache)
     releases: list[str]              # finished rows: free their caches
-    then: Plan | None = None
+    continues: bool = False

@@ -1,4 +1,4 @@
-"""Slot rotation (upstream issue #746): the speculative backlog and its grants.
+"""Slot rotation (upstream's grant rotation): the speculative backlog and its grants.
 
 The backlog holds fresh waiters (not yet begun) and expired jobs (parked with
 their state). Grants go by priority lane then FIFO, but an entry skipped

@@ -11,13 +11,14 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 
 from .admission import Admission
-from .append import Vocab, append
+from .append import Vocab
 from .config import SchedulerConfig
 from .dispatch import shape_key
 from .hol import HolBook
 from .kv import KVSlotPool
 from .modes import make_policy
 from .observability import BatchObservability
+from .outputs import append_result, fail_rows
 from .plan import Committed, Decode, Plan, Result, Verify
 from .policy import Decision, next_yield_flag
 from .prefill import Budget, book_prefill, planned_tokens, slice0_spans, spans_for
@@ -99,6 +100,13 @@ class Scheduler:
         request.is_cancelled = True
         self._cancelled[seq_id] = request
         return True
+
+    def fail(self, seq_id: str, error: str) -> None:
+        """A model call failed for a live request after its tick's commit (a rewind): it ends with
+        the error where a cancel would stop it, before its next model work."""
+        request = self.requests.get(seq_id)
+        if request is not None and self.cancel(seq_id):
+            request.error = error
 
     @property
     def has_work(self) -> bool:
@@ -210,6 +218,11 @@ class Scheduler:
                     self._num_early += 1
         return None
 
+    def next_round(self, plan: Plan) -> Plan:
+        """The next round of a burst, inside the tick `plan` began (its kind, ids and state)."""
+        assert self.job is not None, "a burst continues only while its job holds the slot"
+        return plan._replace(prefills=(), verifies=self._start_round(self.job))
+
     def _start_round(self, job: SpecJob) -> tuple[Verify, ...]:
         """Cancelled rows stop before the round; the others each verify K positions."""
         stopped, rows = job.start_round()
@@ -218,15 +231,16 @@ class Scheduler:
         return tuple([Verify(r.id, r.last_token, k) for r in rows])  # type: ignore[arg-type]
 
     def _stop(self, seq_ids: Iterable[str]) -> None:
+        """Finish events of rows stopped before the tick's model work (cancelled, or failed)."""
         for seq_id in seq_ids:
-            self._events.append(TokenEvent(seq_id, (), 0.0, FinishReason.STOP))
+            self._events.append(TokenEvent(seq_id, (), 0.0, self.requests[seq_id].finish_reason))
             self._num_early += 1
 
     # -- commit ---------------------------------------------------------------
     def commit(self, plan: Plan, result: Result, start_ms: float, end_ms: float,
                arrivals: Sequence[Request] = ()) -> Committed:
         """Book one run of the plan: `arrivals` came during the tick (validated; they waited on it from
-        their arrival_ms). A burst's commit returns the next round as `then` until the request ends."""
+        their arrival_ms). A burst's commit `continues` the tick until the request ends."""
         for request in arrivals:
             self._enqueue(request, request.arrival_ms - start_ms)
         rewinds: list[tuple[str, int]] = []
@@ -236,9 +250,8 @@ class Scheduler:
             self._append(plan, result, end_ms, rewinds)
             job = self.job
             if plan.job_ids and job is not None and self._keeps_slot(plan) and job.live_rows:
-                then = plan._replace(prefills=(), verifies=self._start_round(job))
                 record = TickRecord(start_ms, end_ms, plan.action, plan.kind, plan.seq_ids)
-                return Committed(record, [], NO_DELTAS, plan, rewinds, [], then)
+                return Committed(record, [], NO_DELTAS, plan, rewinds, [], continues=True)
         else:
             touched = self._fail(plan, result, releases)
         return self._book(plan, result, start_ms, end_ms, touched, rewinds, releases)
@@ -248,55 +261,20 @@ class Scheduler:
         return plan.kind is TickKind.BURST
 
     def _append(self, plan: Plan, result: Result, end_ms: float, rewinds: list[tuple[str, int]]) -> None:
-        """Append what the model produced: slice 0 or classic prefills, the round's walk, the decodes."""
-        requests, vocab, events = self.requests, self.vocab, self._events
-        assert vocab is not None, "the scheduler needs the model's vocab to commit (Engine gives it)"
-        job = self.job if plan.job_ids else None
-        if job is not None and not job.is_begun:
-            for row in plan.prefills:
-                requests[row.seq_id].num_prefilled = row.stop
-            done = [(row.seq_id, first) for row, first in zip(plan.prefills, result.firsts)]
-            events += job.finish_chunk(job.live_rows, done, vocab, end_ms)
-        elif plan.prefills:
-            for row, first in zip(plan.prefills, result.firsts):
-                request = requests[row.seq_id]
-                request.num_prefilled = row.stop
-                if first is not None:
-                    tokens, reason = append(request, (first,), vocab)
-                    events.append(TokenEvent(row.seq_id, tokens, end_ms, reason))
-        if plan.verifies and job is not None:
-            rows = [requests[v.seq_id] for v in plan.verifies]
-            made, rewound, accepted = job.finish_round(rows, result.drafts, result.targets, vocab, end_ms)
-            events += made
-            rewinds += rewound
+        assert self.vocab is not None, "the scheduler needs the model's vocab to commit (Engine gives it)"
+        rows, drafted, accepted = append_result(plan, result, self.requests, self.job if plan.job_ids else None,
+                                                self.vocab, end_ms, self._events, rewinds)
+        if rows:
             counts = self._counts
-            counts[0] += len(rows)
-            counts[1] += len(rows) * (job.block_size - 1)
+            counts[0] += rows
+            counts[1] += drafted
             counts[2] += accepted
-        for (seq_id, _), token in zip(plan.decodes, result.tokens):
-            tokens, reason = append(requests[seq_id], (token,), vocab)
-            events.append(TokenEvent(seq_id, tokens, end_ms, reason))
 
     def _fail(self, plan: Plan, result: Result, releases: list[str]) -> tuple[str, ...]:
-        """A model call failed: its rows end with the error, every other row carries on. A slice 0
-        that failed for a sibling starts over for the rest. Returns the rows the record names."""
-        job = self.job if plan.job_ids else None
-        members = {seq_id for seq_id, _ in plan.decodes}
-        members.update(job.ids if job is not None else [row.seq_id for row in plan.prefills])
-        failed = [seq_id for seq_id in result.failed if seq_id in members]
-        for seq_id in failed:
-            request = self.requests[seq_id]
-            if not request.is_finished:
-                request.state, request.finish_reason = RequestState.FINISHED, FinishReason.ERROR
-                request.error = result.error
-                self._events.append(TokenEvent(seq_id, (), 0.0, FinishReason.ERROR))
-                self._num_early += 1
-        if job is not None and not job.is_begun and job.live_rows:
-            job.firsts.clear()
-            for request in job.live_rows:
-                releases.append(request.id)
-                request.num_prefilled = 0
-        return tuple(dict.fromkeys([*failed, *plan.job_ids]))
+        num_events = len(self._events)
+        touched = fail_rows(plan, result, self.requests, self.job if plan.job_ids else None, self._events, releases)
+        self._num_early += len(self._events) - num_events  # finish events, stamped with the tick's end
+        return touched
 
     # -- the books ------------------------------------------------------------
     def _book(self, plan: Plan, result: Result, start_ms: float, end_ms: float, touched: tuple[str, ...],
@@ -452,7 +430,7 @@ class Scheduler:
             elif request.state is RequestState.PREFILLING:
                 self.prefilling.remove(request)
             request.state = RequestState.FINISHED
-            request.finish_reason = FinishReason.STOP
+            request.finish_reason = FinishReason.ERROR if request.error else FinishReason.STOP
             self._stop((request.id,))  # its finish event frees its caches
 
     def _finalize(self, request: Request) -> RequestOutcome:

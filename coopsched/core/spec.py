@@ -73,12 +73,13 @@ class SpecJob:
         return rows
 
     def stop_cancelled(self) -> list[str]:
-        """Cancelled rows finish before the slice does any model work for them."""
+        """Cancelled rows finish before the slice does any model work for them (failed ones with
+        their error)."""
         stopped = []
         for request in self.rows:
             if request.is_cancelled and not request.is_finished:
                 request.state = RequestState.FINISHED
-                request.finish_reason = FinishReason.STOP
+                request.finish_reason = FinishReason.ERROR if request.error else FinishReason.STOP
                 self.firsts.pop(request.id, None)
                 stopped.append(request.id)
         return stopped

@@ -83,7 +83,7 @@ T = TypeVar("T")
 SPEC_COUNTERS = {"drafts": "llamacpp:spec_decode_num_drafts_total",
                  "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
                  "accepted": "llamacpp:spec_decode_num_accepted_tokens_total"}
-COOPSCHED_ROUNDS, COOPSCHED_DRAFTED = "coopsched_spec_rounds_total", "coopsched_spec_draft_tokens_total"
+OWN_ROUNDS, OWN_DRAFTED = "coopsched_spec_rounds_total", "coopsched_spec_draft_tokens_total"
 
 
 def spec_counters(samples: dict[str, float] | None) -> dict[str, float] | None:
@@ -96,9 +96,9 @@ def spec_counters(samples: dict[str, float] | None) -> dict[str, float] | None:
         folded[bare] = folded.get(bare, 0.0) + value
     if SPEC_COUNTERS["drafts"] in folded:
         return {key: folded.get(name) for key, name in SPEC_COUNTERS.items()}
-    if COOPSCHED_ROUNDS in folded:
-        rounds = folded[COOPSCHED_ROUNDS]
-        return {"drafts": rounds, "draft_tokens": folded.get(COOPSCHED_DRAFTED, 0.0) + rounds, "accepted": None}
+    if OWN_ROUNDS in folded:
+        rounds = folded[OWN_ROUNDS]
+        return {"drafts": rounds, "draft_tokens": folded.get(OWN_DRAFTED, 0.0) + rounds, "accepted": None}
     return None
 
 

@@ -11,21 +11,27 @@ a stated multiple of those solo figures.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from harness.live import client, stalls
 from harness.live.solo import RULE as SOLO_RULE
-from harness.live.solo import SOLO_RUNS, solo_limit
+from harness.live.solo import SOLO_RUNS, SoloLimit, ceiling_ms, solo_limit_of
 from harness.run import metrics
-from harness.run.bounds import REAL_TIME_ALLOWANCE, check
+from harness.run.bounds import REAL_TIME_ALLOWANCE
 from harness.run.scenario import RequestSpec, Scenario
+from harness.verdict.check import record as check
+from harness.verdict.live import stall_check
 from mocks import CostModel
 
 SLACK_MS = 10.0          # real-time slack on every cost-derived bound (HTTP, thread wake-ups)
 ORDER_TOLERANCE_MS = 5.0  # requests sent this close together may reach the server in either order
 TIMEOUT_S = 300.0
+TOGETHER_RUNS = 3  # attempts at a run together in which the requests overlap
 
 
 @dataclass
@@ -41,9 +47,10 @@ class Streamed:
     server_id: str | None = None
     served_speculatively: bool | None = None
     burst: dict | None = None
-    timings: dict | None = None           # llama.cpp's timings object, from the stream's final chunks
     stream: stalls.Stream | None = None   # raw arrivals and tick ends, for the stall rule
     max_event_tokens: int = 1
+    end_ms: float | None = None           # when the stream ended ([DONE], an error or a cut)
+    timings: dict | None = None           # llama.cpp's per-request `timings` (draft_n: tokens drafted)
 
     @property
     def ttft_ms(self) -> float | None:
@@ -56,6 +63,20 @@ class Streamed:
     @property
     def is_speculative(self) -> bool:
         return self.spec.speculative if self.served_speculatively is None else self.served_speculatively
+
+    @property
+    def kind(self) -> str:
+        return "spec" if self.is_speculative else "classic"
+
+    @property
+    def was_speculated_against_ask(self) -> bool:
+        """Sent `speculative: false`, yet the server says (extension or `timings.draft_n`) it speculated."""
+        return not self.spec.speculative and bool(self.served_speculatively)
+
+    @property
+    def life_ms(self) -> tuple[float, float] | None:
+        """Sent -> last token, ms from the run's start."""
+        return (self.sent_ms, self.token_times_ms[-1]) if self.token_times_ms else None
 
 
 @dataclass
@@ -91,6 +112,11 @@ class Solo:
     def streams(self) -> list[stalls.Stream]:
         return [r.stream for r in self.runs if r.stream is not None]
 
+    @property
+    def life_ms(self) -> float | None:
+        """The shortest run alone, sent to last token."""
+        return min((r.token_times_ms[-1] - r.sent_ms for r in self.runs if r.token_times_ms), default=None)
+
 
 class Target:
     def __init__(self, url: str) -> None:
@@ -117,16 +143,20 @@ class Target:
         out.error = got.error
         out.token_ids = got.token_ids
         out.token_times_ms = got.token_times_ms(origin_ns)
+        out.end_ms = (time.perf_counter_ns() - origin_ns) / 1e6
         out.text = got.text
         out.finish_reason = got.finish_reason
-        out.stream = stalls.Stream.of(out.spec.id, "spec" if out.spec.speculative else "classic", got)
         out.max_event_tokens = max(got.counts, default=1)
         out.server_id = next((a.event.get("id") for a in got.arrivals if a.event.get("id")), None)
-        out.timings = next((a.event["timings"] for a in reversed(got.arrivals) if a.event.get("timings")), None)
         extension = next((a.event["coopsched"] for a in reversed(got.arrivals) if a.event.get("coopsched")), None)
+        out.timings = next((a.event["timings"] for a in reversed(got.arrivals)
+                            if isinstance(a.event.get("timings"), dict)), None)
         if extension:
             out.served_speculatively = extension.get("served_speculatively")
             out.burst = extension.get("burst")
+        if out.served_speculatively is None and out.timings is not None and "draft_n" in out.timings:
+            out.served_speculatively = (out.timings.get("draft_n") or 0) > 0  # llama.cpp's own word for it
+        out.stream = stalls.Stream.of(out.spec.id, out.kind, got)
 
 
 def request_body(spec: RequestSpec, seed: int, model: str | None) -> dict:
@@ -145,21 +175,51 @@ def request_body(spec: RequestSpec, seed: int, model: str | None) -> dict:
 
 def run_together(target: Target, specs, seed: int, model: str | None) -> list[Streamed]:
     """Every request on its own thread, sent at its arrival offset."""
+    return run_closed(target, specs, set(), 0, 0.0, seed, model)
+
+
+def run_closed(target: Target, specs: Sequence, looped: set[str], concurrency: int, start_ms: float, seed: int,
+               model: str | None) -> list[Streamed]:
+    """The one live driver: `concurrency` users from start_ms, each streaming the next unsent looped
+    request when its last one ends; the other requests go at their own arrival offsets, each on its
+    own thread (no looped requests: an open loop)."""
     outs = [Streamed(spec) for spec in specs]
+    unsent = deque(o for o in outs if o.spec.id in looped)
     origin = time.perf_counter_ns()
 
-    def send(out: Streamed) -> None:
-        delay = out.spec.arrival_ms / 1e3 - (time.perf_counter_ns() - origin) / 1e9
+    def at(ms: float) -> None:
+        delay = ms / 1e3 - (time.perf_counter_ns() - origin) / 1e9
         if delay > 0:
             time.sleep(delay)
+
+    def user() -> None:
+        at(start_ms)
+        while True:
+            try:
+                out = unsent.popleft()  # atomic: two users never take the same request
+            except IndexError:
+                return
+            target.stream(request_body(out.spec, seed, model), out, origin)
+
+    def fixed(out: Streamed) -> None:
+        at(out.spec.arrival_ms)
         target.stream(request_body(out.spec, seed, model), out, origin)
 
-    threads = [threading.Thread(target=send, args=(out,), daemon=True) for out in outs]
+    threads = [threading.Thread(target=user, daemon=True) for _ in range(min(concurrency, len(unsent)))]
+    threads += [threading.Thread(target=fixed, args=(o,), daemon=True) for o in outs if o.spec.id not in looped]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(TIMEOUT_S)
+        thread.join(TIMEOUT_S * max(1, len(unsent)))
     return outs
+
+
+def drive(target: Target, specs: Sequence, workload, seed: int, model: str | None) -> list[Streamed]:
+    """A scenario's requests live: a closed-loop [workload] through its users, the rest at their offsets."""
+    if workload is not None and workload.is_closed:
+        return run_closed(target, specs, set(workload.ids()), workload.concurrency or 1, workload.start_ms,
+                          seed, model)
+    return run_together(target, specs, seed, model)
 
 
 def warm_up(target: Target, specs, seed: int, model: str | None) -> None:
@@ -269,15 +329,7 @@ def classic_gap_check(outs: list[Streamed], terms: CostTerms, per_gap: int) -> d
 
 def _charged_check(name: str, waits: list[stalls.Wait], outs: list[Streamed], rule: stalls.Rule, limit: str) -> dict:
     """A time check whose waits over their limit fail it only when the stall rule charges them."""
-    line = stalls.judge(waits, [o.stream for o in outs if o.stream is not None], rule)
-    summary = stalls.summarize(waits, line, rule)
-    worst = max(waits, key=lambda w: w.ms - w.limit_ms)
-    shown = max([w for w in waits if w.verdict == "hol"] or [worst], key=lambda w: w.ms - w.limit_ms)
-    record = check(name, summary.num_hol == 0, shown.ms, shown.limit_ms,
-                   note=f"worst: {shown.stream.id} (token {shown.index}, {shown.evidence} tokens of {shown.by} in it, "
-                        f"allowed {shown.allowance}); {summary.num_over} of {summary.num_waits} over the limit: "
-                        f"{summary.num_hol} head-of-line, {summary.num_noise} noise; {limit}; {summary.rule}")
-    return record | {"stalls": summary.to_json()}
+    return stall_check(name, waits, [o.stream for o in outs if o.stream is not None], rule, limit).to_json()
 
 
 def burst_wall_check(outs: list[Streamed], terms: CostTerms) -> dict:
@@ -298,32 +350,68 @@ def cost_checks(outs: list[Streamed], scenario: Scenario, cost: CostModel, healt
     out = [ttft_check(outs, terms)]
     wanted = scenario.checks
     if "classic_itl" in wanted:
-        out.append(classic_gap_check(outs, terms, wanted["classic_itl"].get("spec_actions_per_gap", 1)))
+        apart = overlap_note(outs)
+        out.append(check("classic_itl", None, None, None, note=f"skipped: {apart}") if apart else
+                   classic_gap_check(outs, terms, wanted["classic_itl"].get("spec_actions_per_gap", 1)))
     if "burst_wall" in wanted:
         out.append(burst_wall_check(outs, terms))
     return out
 
 
+OVERLAP_SHARE = 0.25  # two requests overlapped when they were in flight together for this share of the shorter
+
+
+def overlap_note(outs: list[Streamed]) -> str | None:
+    """Why the checks that compare together with alone cannot tell anything: no two requests were in
+    flight together for OVERLAP_SHARE of the shorter one's life (each ran about alone again). None
+    when some were."""
+    lives = sorted((o.life_ms, o.spec.id) for o in outs if o.life_ms is not None)
+    if len(lives) < 2:
+        return None
+    for ((a0, a1), _), ((b0, b1), _) in itertools.combinations(lives, 2):
+        if min(a1, b1) - max(a0, b0) >= OVERLAP_SHARE * min(a1 - a0, b1 - b0):
+            return None
+    spans = ", ".join(f"{i} {a:.1f}-{b:.1f} ms" for (a, b), i in lives)
+    return f"no two requests overlapped for {OVERLAP_SHARE:.0%} of the shorter ({spans}): together was alone again"
+
+
+def solo_limits(outs: list[Streamed], solo: dict[str, Solo], figure) -> dict[str, SoloLimit]:
+    """Each request's limit from its solo figure, with a ceiling from the other requests' solo runs."""
+    out = {}
+    for o in outs:
+        alone = figure(solo[o.spec.id])
+        if alone is not None:
+            out[o.spec.id] = solo_limit_of(alone, ceiling_ms(s.life_ms for i, s in solo.items() if i != o.spec.id))
+    return out
+
+
 def solo_checks(outs: list[Streamed], solo: dict[str, Solo]) -> list[dict]:
     """Together vs alone: TTFT and every gap within the solo rule (harness/live/solo.py); a wait over it
-    is charged only if a stream ran ahead in it (R: the most tokens one event carried alone)."""
+    is charged only if a stream ran ahead in it (R: the most tokens one event carried alone; each kind's
+    pace from its solo runs)."""
+    streams_alone = [st for s in solo.values() for st in s.streams]
     rule = stalls.Rule(tokens_per_round=max((s.max_event_tokens for s in solo.values()), default=1),
-                       pace_ms=stalls.pace_ms([st for s in solo.values() for st in s.streams]))
+                       pace_ms=stalls.pace_ms(streams_alone), paces=stalls.paces_by_kind(streams_alone))
+    skipped = overlap_note(outs)
     out = []
     for name, index, figure in (("ttft_vs_solo", 0, lambda o: o.ttft_ms), ("stall_vs_solo", 1, lambda o: o.stall_ms)):
+        if skipped:
+            out.append(check(name, None, None, None, note=f"skipped: {skipped}"))
+            continue
+        limits = solo_limits(outs, solo, figure)
         waits = []
         for o in outs:
-            alone = figure(solo[o.spec.id])
-            if o.stream is None or figure(o) is None or alone is None or len(o.stream.arrivals_ns) <= index:
+            limit = limits.get(o.spec.id)
+            if o.stream is None or figure(o) is None or limit is None or len(o.stream.arrivals_ns) <= index:
                 continue
-            waits += [stalls.Wait(o.stream, 0, solo_limit(alone))] if index == 0 else \
-                stalls.waits_of(o.stream, solo_limit(alone))
+            waits += [stalls.Wait(o.stream, 0, limit.ms)] if index == 0 else stalls.waits_of(o.stream, limit.ms)
         if not waits:
             out.append(check(name, None, None, None, note="no samples"))
             continue
-        detail = "; ".join(f"{o.spec.id}: {figure(o):.1f} vs {solo_limit(figure(solo[o.spec.id])):.1f}" for o in outs
-                           if figure(o) is not None and figure(solo[o.spec.id]) is not None)
-        out.append(_charged_check(name, waits, outs, rule, f"{SOLO_RULE}; {detail}"))
+        detail = "; ".join(f"{o.spec.id}: {figure(o):.1f} vs {limits[o.spec.id].describe()}" for o in outs
+                           if figure(o) is not None and o.spec.id in limits)
+        record = _charged_check(name, waits, outs, rule, f"{SOLO_RULE}; {detail}")
+        out.append(record | {"limits": {i: lim.to_json() for i, lim in limits.items()}})
     greedy = [o for o in outs if o.spec.temperature == 0 and not o.error and _tokens(o)]
     if not greedy:  # nothing streamed to compare: not a pass (`completed` says what failed)
         out.append(check("parity_vs_solo", None, None, None, note="no greedy request streamed any output"))
@@ -332,6 +420,27 @@ def solo_checks(outs: list[Streamed], solo: dict[str, Solo]) -> list[dict]:
     out.append(check("parity_vs_solo", not mismatched, len(mismatched), 0,
                      note="greedy output together equals alone" + (f": {mismatched}" if mismatched else "")))
     return out
+
+
+def speculated_note(outs: list[Streamed]) -> str | None:
+    """Requests sent `speculative: false` that the server speculated anyway (judged as speculative)."""
+    against = [o for o in outs if o.was_speculated_against_ask]
+    if not against:
+        return None
+    return "; ".join(f"{o.spec.id}: sent speculative: false, the server speculated it"
+                     + (f" (timings.draft_n = {o.timings.get('draft_n')})" if o.timings else "")
+                     for o in against) + "; judged as speculative"
+
+
+def classic_served_check(outs: list[Streamed]) -> dict | None:
+    """Skipped when the scenario asked for classic requests and the server served none classically:
+    whether it stalls classic streams was not tested."""
+    note = speculated_note(outs)
+    if note is None or any(not o.is_speculative for o in outs):
+        return None
+    return check("classic_served", None, None, None,
+                 note=f"skipped: {note}: no request was served classically, so whether classic streams "
+                      "stall was not tested")
 
 
 def _tokens(o: Streamed | Solo):
@@ -345,6 +454,33 @@ def completion_check(outs: list[Streamed]) -> dict:
 
 
 # -- the trace ------------------------------------------------------------------------
+def live_schedule(specs: Sequence[RequestSpec], solo: dict[str, Solo]) -> tuple[list[RequestSpec], dict]:
+    """The scenario's arrivals scaled to the server's speed: a request sent after others is meant to
+    find them running, so every arrival lands within the first half of each earlier request's solo
+    run (a fast server would otherwise finish one before the next is sent). Never slower than written."""
+    scale = 1.0
+    for r in specs:
+        for q in specs:
+            life = solo[q.id].life_ms if q.id in solo else None
+            if q.arrival_ms < r.arrival_ms and life:
+                scale = min(scale, (q.arrival_ms + life / 2) / r.arrival_ms)
+    scaled = [replace(r, arrival_ms=round(r.arrival_ms * scale, 3)) for r in specs]
+    note = ("as written" if scale == 1.0 else
+            f"arrivals x {scale:.3f}, so that each request is sent within the first half of the solo run of "
+            f"every request sent before it")
+    return scaled, {"scale": round(scale, 6), "note": note,
+                    "arrival_ms": {r.id: r.arrival_ms for r in scaled}}
+
+
+def in_flight_check(outs: list[Streamed], concurrency: int, looped: set[str]) -> dict:
+    """A closed loop's users: never more of its requests in flight (sent -> stream end) than users."""
+    spans = [(o.sent_ms, o.end_ms) for o in outs if o.spec.id in looped and o.end_ms is not None]
+    most = max((sum(a <= t < b for a, b in spans) for t, _ in spans), default=0)
+    return check("in_flight", most <= concurrency, most, concurrency,
+                 note=f"closed loop: the most of its requests in flight at once (sent to stream end) <= "
+                      f"concurrency {concurrency}")
+
+
 def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *, warm: bool = True) -> dict:
     target = Target(url)
     target.ping()
@@ -352,27 +488,48 @@ def run_against_target(scenario: Scenario, url: str, seed: int, console=None, *,
     models = (target.get_json("/v1/models") or {}).get("data") or []
     model = models[0].get("id") if models else None  # no listed model: leave `model` out
     costs = health.get("costs") if isinstance(health.get("costs"), dict) else None
-    specs = list(scenario.requests)
+    workload = scenario.workload
+    closed = workload is not None and workload.is_closed
+    specs = list(scenario.specs(seed))
 
     if warm:
         warm_up(target, specs, seed, model)
     solo: dict[str, Solo] = {}
+    schedule = None
     if costs is None:  # learn each request's solo figures first
         for spec in specs:
             solo[spec.id] = Solo([run_together(target, [replace(spec, arrival_ms=0.0)], seed, model)[0]
                                   for _ in range(SOLO_RUNS)])
-    before = client.spec_counters(client.try_scrape(target.url))
-    outs = run_together(target, specs, seed, model)
+        if not closed:  # a closed loop's arrivals are its finishes
+            specs, schedule = live_schedule(specs, solo)
+    attempts = 0
+    while True:  # a client stalled at the wrong moment may keep the requests apart: try again
+        before = client.spec_counters(client.try_scrape(target.url))  # the counters count the last attempt
+        outs, attempts = drive(target, specs, workload, seed, model), attempts + 1
+        if closed or attempts == TOGETHER_RUNS or overlap_note(outs) is None:
+            break
     after = client.settled(lambda: client.spec_counters(client.try_scrape(target.url)))
     counted = counter_delta(before, after)
 
     checks = [completion_check(outs)]
+    if closed:
+        checks.append(in_flight_check(outs, workload.concurrency or 1, set(workload.ids())))
     if costs is not None:
         checks += cost_checks(outs, scenario, CostModel(**costs["profile"]), health, seed)
     else:
         checks += solo_checks(outs, solo)
+    served = classic_served_check(outs)
+    if served:
+        checks.append(served)
     trace = to_trace(scenario, outs, solo, checks, seed, url, health, model)
     trace["server"]["spec_counters"] = counted
+    if schedule is not None:
+        trace["schedule"] = schedule
+    trace["together_runs"] = attempts
+    note = speculated_note(outs)
+    if note:
+        trace["speculated_against_ask"] = [o.spec.id for o in outs if o.was_speculated_against_ask]
+        trace["speculated_note"] = note
     if console is not None:
         print_verdict(console, trace)
     return trace
@@ -391,8 +548,8 @@ def _request_json(o: Streamed, seed: int) -> dict:
     return {"id": o.spec.id, "server_id": o.server_id, "speculative": o.is_speculative, "eligible": o.spec.speculative,
             "prompt_token_ids": list(o.spec.prompt_tokens(seed)), "token_ids": list(o.token_ids),
             "num_tokens": len(times), "token_times_ms": times, "arrival_ms": round(o.sent_ms, 3),
-            "tick_end_ms": _tick_ends_ms(o),
-            "finish_reason": o.finish_reason, "error": o.error, "timings": o.timings,
+            "tick_end_ms": _tick_ends_ms(o), "end_ms": None if o.end_ms is None else round(o.end_ms, 3),
+            "timings": o.timings, "finish_reason": o.finish_reason, "error": o.error,
             "metrics": metrics.request_metrics(o.sent_ms, o.token_times_ms)}
 
 
@@ -412,7 +569,8 @@ def to_trace(scenario, outs, solo, checks, seed, url, health, model) -> dict:
              "throughput": metrics.throughput([{**r, "token_ids": [0] * r["num_tokens"]} for r in requests])}
     if solo:
         trace["solo"] = {i: {"ttft_ms": s.ttft_ms, "stall_ms": s.stall_ms, "num_tokens": s.num_tokens,
-                             "runs": len(s.runs)} for i, s in solo.items()}
+                             "runs": len(s.runs), "life_ms": s.life_ms, "pace_ms": stalls.pace_ms(s.streams),
+                             "kind": s.runs[0].kind} for i, s in solo.items()}
     # a server's ticks are not visible over HTTP (its per-token tick stamps are in `tick_end_ms`);
     # only a server that reports BurstFinalized records (coopsched serve) has bursts
     trace["bursts"] = [{**o.burst, "seq_id": o.spec.id, "server_seq_id": o.burst.get("seq_id")}
@@ -428,6 +586,10 @@ def print_verdict(console, trace: dict) -> None:
     if counted:
         console.print("  the server's speculative counters over the run: " + ", ".join(
             f"{key} {'-' if value is None else f'{value:g}'}" for key, value in counted.items()), highlight=False)
+    if trace.get("schedule", {}).get("scale", 1.0) != 1.0:
+        console.print(f"  schedule: {trace['schedule']['note']}: {trace['schedule']['arrival_ms']}", highlight=False)
+    if trace.get("speculated_note"):
+        console.print(f"  [yellow]{trace['speculated_note']}[/]", highlight=False)
     for c in trace["checks"]:
         verdict = "skipped" if c.get("skipped") else ("[green]ok[/]" if c["ok"] else "[red]FAIL[/]")
         value = "-" if c["value"] is None else f"{c['value']:.1f}" if isinstance(c["value"], float) else c["value"]

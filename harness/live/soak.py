@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from harness.live import client
+from harness.verdict.check import Check
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "soak.py"
 DEFAULT_REPORT = Path("reports/soak/latest.json")
@@ -103,19 +104,23 @@ def run(args) -> dict:
     }
 
 
+def checks(report: dict, max_growth: float) -> list[Check]:
+    """The soak's verdict as checks; a failed one's note says what went wrong."""
+    growth, code, n = report["rss_growth"], report["server_exit_code"], report["requests"]
+    failed = report["failures"]
+    idle = bool(report["idle_after"])
+    return [Check("failures", failed == 0, failed, 0, note=f"{failed} failed requests"),
+            Check("rss_growth", growth < max_growth, growth, max_growth,
+                  note=f"RSS grew {growth:.1%} (limit {max_growth:.0%})"),
+            Check("idle_after", idle, idle, True, note="idle after the load" if idle else
+                  "the server still held slots or requests after the load"),
+            Check("server_exit", code == 0, code, 0, note=f"the server exited {code} on SIGTERM"),
+            Check("requests", n > 0, n, 1, note=f"{n} requests made" if n else "no requests were made")]
+
+
 def verdict(report: dict, max_growth: float) -> list[str]:
-    problems = []
-    if report["failures"]:
-        problems.append(f"{report['failures']} failed requests")
-    if report["rss_growth"] >= max_growth:
-        problems.append(f"RSS grew {report['rss_growth']:.1%} (limit {max_growth:.0%})")
-    if not report["idle_after"]:
-        problems.append("the server still held slots or requests after the load")
-    if report["server_exit_code"] != 0:
-        problems.append(f"the server exited {report['server_exit_code']} on SIGTERM")
-    if report["requests"] == 0:
-        problems.append("no requests were made")
-    return problems
+    """What went wrong, one line each (none: the soak passed)."""
+    return [c.note for c in checks(report, max_growth) if not c.ok]
 
 
 def print_table(report: dict, problems: list[str], max_growth: float) -> None:
@@ -149,9 +154,11 @@ def print_table(report: dict, problems: list[str], max_growth: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
-    problems = verdict(report, args.max_rss_growth)
+    judged = checks(report, args.max_rss_growth)
+    problems = [c.note for c in judged if not c.ok]
     report["ok"] = not problems
     report["problems"] = problems
+    report["checks"] = [c.to_json() for c in judged]
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(json.dumps(report, indent=1) + "\n")
     print_table(report, problems, args.max_rss_growth)

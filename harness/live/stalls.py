@@ -21,6 +21,8 @@ from harness.run import metrics
 
 LUMP_MS = 0.5  # client timeline: arrivals closer than this are one lump (a backlog read at once)
 SERVER, CLIENT = "server tick ends", "client arrivals"
+SPEC_KIND = "spec"  # a speculative stream's gaps are not the question (a classic stall): never capped
+REPLY_SHARE = 0.4  # client timeline: a stream's pace excuses at most this share of its reply in one gap
 
 
 @dataclass(frozen=True)
@@ -58,32 +60,44 @@ class Rule:
     tokens_per_round: int          # R
     rounds: int = 1                # rounds of other work a wait may hold (the bound's spec actions)
     admissions: int = 1            # first tokens (slice 0, a prefill) a wait may hold
-    pace_ms: float | None = None   # client timeline: the fastest stream's ms per token alone
+    pace_ms: float | None = None   # client timeline: ms per token alone (the fastest kind's, see pace_ms)
+    paces: tuple[tuple[str, float], ...] = ()  # per stream kind, when known: wins over pace_ms
 
-    def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0) -> int:
+    def pace_of(self, kind: str | None) -> float | None:
+        return dict(self.paces).get(kind, self.pace_ms) if kind is not None else self.pace_ms
+
+    def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0,
+                  kind: str | None = None, num_tokens: int | None = None) -> int:
         """A; `rounds` and `admissions` add a wait's own extra (requests pending in it). On client
-        arrivals another stream may also stream at its own pace for as long as the wait's limit: the
-        client cannot tell a frozen reader (its events buffered, read at once) from a server ahead."""
+        arrivals another stream may also stream at its own pace (of its `kind`) for `limit_ms` (judge
+        passes a gap's length, a TTFT's limit): the client cannot tell a frozen reader or a stalled
+        connection from a server ahead; but with `num_tokens` (gaps) never more than REPLY_SHARE of
+        them: a wait that may hold most of a reply cannot tell a burst from a pace."""
         extra = 0
+        pace = self.pace_of(kind)
         if timeline == CLIENT:
             extra = self.tokens_per_round  # a round read out of order
-            if self.pace_ms:
-                extra += math.ceil(limit_ms / self.pace_ms)
+            if pace:
+                paced = math.ceil(limit_ms / pace)
+                extra += paced if num_tokens is None else min(paced, math.ceil(num_tokens * REPLY_SHARE))
         return (self.rounds + rounds) * self.tokens_per_round + self.admissions + admissions + extra
 
     def describe(self, timeline: str) -> str:
         a = self.allowance(timeline)
         where = "on the server's tick timeline (each event carries its tick end)"
+        paced = self.pace_ms or self.paces
         if timeline == CLIENT:
+            paces = ", ".join(f"{k} {v:.2f}" for k, v in self.paces) or f"{self.pace_ms or 0:.2f}"
             where = (f"on the client's arrivals (no tick stamps; a lump, arrivals under {LUMP_MS:g} ms apart, counts "
                      f"in the share of the time since its stream's previous arrival that lies in the wait, and one "
                      f"more round is allowed for reordering"
-                     + (f"; plus one token per {self.pace_ms:.2f} ms of the wait's limit, the fastest stream's "
-                        f"pace alone" if self.pace_ms else "") + ")")
+                     + (f"; plus one token per pace interval (ms per token alone, sent to last token: {paces}) "
+                        f"of the wait in a gap, at most {REPLY_SHARE:.0%} of that stream's tokens, and of the "
+                        f"limit in a TTFT" if paced else "") + ")")
         plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
         return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
                 f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
-                f"{' (+ pace)' if timeline == CLIENT and self.pace_ms else ''} tokens made during it, "
+                f"{' (+ pace)' if timeline == CLIENT and paced else ''} tokens made during it, "
                 f"{where}, beyond the tokens the waiting stream caught up on in the lump that ended the wait; "
                 f"otherwise it is noise (every stream waited alike) and counts at its limit")
 
@@ -112,11 +126,19 @@ class Wait:
 
 
 def pace_ms(streams: Sequence[Stream]) -> float | None:
-    """The fastest stream's mean ms per token from its first token to its last (solo runs give each
-    kind's own pace; a mean, since servers such as vLLM deliver events in bunches)."""
-    paces = [(s.arrivals_ns[-1] - s.arrivals_ns[0]) / 1e6 / (len(s.arrivals_ns) - 1) for s in streams
-             if len(s.arrivals_ns) > 2 and s.arrivals_ns[-1] > s.arrivals_ns[0]]
+    """The fastest stream's ms per token over its whole life, sent to last token. Not first to last
+    token: a reply that arrives in one lump (a burst) would pace at ~0 and excuse thousands of tokens;
+    its tokens were made between its sending and its arrival, and no faster. Nor a median over its
+    lumps: under load a lump arrives split in many, each of which would pace at ~0 again."""
+    paces = [(s.arrivals_ns[-1] - s.sent_ns) / 1e6 / len(s.arrivals_ns) for s in streams
+             if len(s.arrivals_ns) > 1 and s.arrivals_ns[-1] > s.sent_ns]
     return min(paces, default=None)
+
+
+def paces_by_kind(streams: Sequence[Stream]) -> tuple[tuple[str, float], ...]:
+    """pace_ms of each kind's streams (solo runs: each kind's own pace)."""
+    kinds = sorted({s.kind for s in streams})
+    return tuple((k, p) for k in kinds if (p := pace_ms([s for s in streams if s.kind == k])) is not None)
 
 
 def timeline(streams: Sequence[Stream]) -> str:
@@ -146,6 +168,15 @@ class _Tokens:
         """Tokens from `index` to the end of its lump."""
         return int(np.searchsorted(self.lump, self.lump[index], "right")) - index
 
+    def read_with(self, start: int, end: int) -> int:
+        """Tokens read just before a wait (start, end] ended, within its last tenth (at least LUMP_MS):
+        a frozen reader reads every stream's backlog at once, so only these can be offset by the waiting
+        stream's catch-up; a lump read well before the end was not held back with it. Server stamps: all."""
+        if self.exact:
+            return len(self.t)
+        window = max(int(LUMP_MS * 1e6), (end - start) // 10)
+        return int(np.searchsorted(self.t, end, "right") - np.searchsorted(self.t, end - window, "left"))
+
     def made_during(self, start: int, end: int) -> float:
         """Tokens made in (start, end]: counted on the server's stamps; on client arrivals each lump's
         tokens in proportion to the part of the interval they may have been made in that lies inside."""
@@ -157,12 +188,18 @@ class _Tokens:
         return float(share.sum())
 
 
+def lump_ns(pace: float | None) -> int:
+    """Client arrivals closer than LUMP_MS are one lump, or than a quarter of the stream's pace alone
+    when that is shorter: a fast stream's own next tokens (0.3 ms apart) are not a backlog read at once."""
+    return int(min(LUMP_MS, pace / 4 if pace else LUMP_MS) * 1e6)
+
+
 def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
     """Fill in each wait's length, evidence and verdict; returns the timeline the evidence was read on."""
     line = timeline(streams)
     exact = line == SERVER
     tokens = [_Tokens(s.ticks_ns if exact and s.ticks_ns is not None else s.arrivals_ns, s.sent_ns,
-                      0 if exact else int(LUMP_MS * 1e6), exact) for s in streams]
+                      0 if exact else lump_ns(rule.pace_of(s.kind)), exact) for s in streams]
     index = {s.id: i for i, s in enumerate(streams)}
     # a stream can hold evidence only for waits its life overlaps: sent -> last token
     sent = np.array([s.sent_ns for s in streams], dtype=np.int64)
@@ -177,18 +214,28 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
         # the lump that ended the wait was made while it waited: the server was serving this stream too
         w.caught_up = own.caught_up(w.index)
         w.evidence, w.by = 0, None
+        w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)
+        most_over = 0
         for i in np.flatnonzero((sent < end) & (last > start)):
             other = streams[i]
             if other is s:  # a reply held back and sent in one lump ran ahead of its own reader
                 n = int(np.searchsorted(own.t, end, "right") - np.searchsorted(own.t, start, "right"))
             else:
-                n = round(tokens[i].made_during(start, end)) - (w.caught_up - 1)
-            if n > w.evidence:
-                w.evidence, w.by = n, other.id
-        w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)
+                n = round(tokens[i].made_during(start, end)) - min(w.caught_up - 1, tokens[i].read_with(start, end))
+            # in a gap, another stream may stream at its pace for the whole wait (one connection's
+            # delivery can stall alone), in a classic gap at most REPLY_SHARE of its reply (a burst);
+            # in a TTFT for the limit, uncapped
+            capped = w.index and s.kind != SPEC_KIND
+            cap, paced_ms = (len(other.arrivals_ns) if capped else None, max(w.ms, w.limit_ms)) if w.index \
+                else (None, w.limit_ms)
+            allowed = rule.allowance(line, w.rounds, w.admissions, paced_ms, other.kind, cap)
+            # the stream most over its own allowance decides; while none is over, the one with most tokens
+            if n - allowed > most_over or (most_over == 0 and n > w.evidence):
+                most_over = max(most_over, n - allowed)
+                w.evidence, w.by, w.allowance = n, other.id, allowed
         if w.ms <= w.limit_ms:
             w.verdict, w.charged_ms = "ok", w.ms
-        elif w.evidence > w.allowance:
+        elif most_over > 0:
             w.verdict, w.charged_ms = "hol", w.ms
         else:
             w.verdict, w.charged_ms = "noise", w.limit_ms

@@ -14,6 +14,7 @@ import datetime as dt
 import html
 import json
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from coopsched.core import MODES
 from harness.report import gate, history, plots, sweep_page
 from harness.run import runner, scenario
 from harness.sweep.cli import STORE as SWEEP_STORE
+from harness.verdict.check import Tally, state
 
 DEFAULT_OUT = Path("reports") / "latest"
 TIMELINE_SCENARIO = "concurrency2"
@@ -81,12 +83,9 @@ class Report:
     plotted: dict = field(default_factory=dict)           # key -> the data each figure plotted
 
     @property
-    def num_checks(self) -> int:
-        return sum(len(t["checks"]) for t in self.traces)
-
-    @property
-    def failed_checks(self) -> list[str]:
-        return [f"{t['scenario']}/{t['mode']}/{c['name']}" for t in self.traces for c in t["checks"] if not c["ok"]]
+    def tally(self) -> Tally:
+        """Held, failed and skipped checks over every trace (a skipped one never counts as holding)."""
+        return Tally.of((f"{t['scenario']}/{t['mode']}/{c['name']}", c) for t in self.traces for c in t["checks"])
 
     @property
     def gate_failures(self) -> list:
@@ -166,13 +165,14 @@ def headline(report: Report) -> str:
 def _verdicts(report: Report) -> list[tuple[bool | None, str, str]]:
     """(ok, title, text) per headline; ok None: nothing to judge yet (shown as "--", not a failure)."""
     info = gate.baseline_info(report.baseline_dir)
-    failed, gated = report.failed_checks, report.gate_failures
+    tally, gated = report.tally, report.gate_failures
+    failed = tally.failed
     new = sorted({f.key.rsplit("/", 1)[0] for f in report.findings if f.verdict == "new"})
     better = sum(f.verdict == "better" for f in report.findings)
     base = f"baseline {(info.get('commit') or '?')[:10]}" if report.baseline else "no baseline committed"
     return [
-        (not failed, "checks", f"{report.num_checks - len(failed)}/{report.num_checks} expectations hold across "
-                               f"{len(report.traces)} runs" + (f"; FAILED: {', '.join(failed)}" if failed else "")),
+        (False if failed else (None if tally.skipped else True), "checks",  # skipped: "--", never "ok"
+         tally.line(len(report.traces)) + (f"; FAILED: {', '.join(failed)}" if failed else "")),
         (not gated and bool(report.baseline), "regression gate",
          (f"{len(gated)} tracked metric(s) worse than the {base} by more than 1%" if gated else
           f"every tracked metric within 1% of the {base}") + (f" (not gated yet: {', '.join(new)})" if new else "")
@@ -228,9 +228,11 @@ def _checks_tables(report: Report) -> str:
         cells = []
         for m in modes:
             checks = by.get((s, m), [])
-            ok = sum(c["ok"] for c in checks)
-            cls = "ok" if ok == len(checks) else "bad"
-            cells.append(f"<td class='{cls}' data-scenario='{s}' data-mode='{m}'>{ok}/{len(checks)} ok</td>")
+            counts = Counter(state(c) for c in checks)
+            cls = "bad" if counts["failed"] else ("skip" if counts["skipped"] else "ok")
+            skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
+            cells.append(f"<td class='{cls}' data-scenario='{s}' data-mode='{m}'>"
+                         f"{counts['held']}/{len(checks)} ok{skipped}</td>")
         matrix.append(f"<tr><td class='l'>{s}</td>{''.join(cells)}</tr>")
     matrix.append("</table>")
     detail = ["<table id='checks'><tr><th class='l'>scenario</th><th class='l'>mode</th><th class='l'>check</th>"
@@ -238,8 +240,8 @@ def _checks_tables(report: Report) -> str:
               "<th class='l'>note</th></tr>"]
     for t in report.traces:
         for c in t["checks"]:
-            result = ("<span class='skip'>skipped</span>" if c.get("skipped") else
-                      "<span class='ok'>pass</span>" if c["ok"] else "<span class='bad'>FAIL</span>")
+            result = {"skipped": "<span class='skip'>skipped</span>", "held": "<span class='ok'>pass</span>",
+                      "failed": "<span class='bad'>FAIL</span>"}[state(c)]
             expect = "must hold" if c.get("expect", "pass") == "pass" else "must fail (legacy)"
             detail.append(f"<tr data-scenario='{t['scenario']}' data-mode='{t['mode']}'>"
                           f"<td class='l'>{t['scenario']}</td><td class='l'>{t['mode']}</td>"
@@ -340,11 +342,13 @@ def render_markdown(report: Report) -> str:
         values = report.metrics[t["scenario"]][t["mode"]]
         lines.append(f"| {t['scenario']} | {t['mode']} | "
                      + " | ".join(_fmt(values[m.name], 3 if m.unit == "ratio" else 1) for m in gate.TRACKED) + " |")
-    lines += ["", "## Checks", "", "| scenario | mode | checks | failed |", "|---|---|---:|---|"]
+    lines += ["", "## Checks", "", "| scenario | mode | checks held | failed | skipped |", "|---|---|---:|---|---|"]
     for t in report.traces:
-        bad = [c["name"] for c in t["checks"] if not c["ok"]]
-        lines.append(f"| {t['scenario']} | {t['mode']} | {len(t['checks']) - len(bad)}/{len(t['checks'])} | "
-                     f"{', '.join(bad) or '-'} |")
+        bad = [c["name"] for c in t["checks"] if state(c) == "failed"]
+        skipped = [c["name"] for c in t["checks"] if state(c) == "skipped"]
+        held = len(t["checks"]) - len(bad) - len(skipped)
+        lines.append(f"| {t['scenario']} | {t['mode']} | {held}/{len(t['checks'])} | "
+                     f"{', '.join(bad) or '-'} | {', '.join(skipped) or '-'} |")
     if report.sweep is not None:
         lines += ["", "## Latest sweep", "", sweep_page.describe(report.sweep), "",
                   "capacity: " + ", ".join(f"{mode} {'none' if load is None else f'{load:g}'}"

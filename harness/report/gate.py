@@ -2,9 +2,10 @@
 
 Virtual time is exact and reproducible, so these numbers can gate CI without
 noise: `compare` fails, naming scenario/mode/metric, when one gets worse than
-the baseline by more than 1%. Wall-time figures are reported elsewhere, never
-gated. The baseline is one JSON file per scenario in reports/baseline/, moved
-on purpose with `coopsched report --update-baseline`.
+the baseline by more than 1% (`coopsched compare`'s rule, harness/compare/rule.py).
+Wall-time figures are reported elsewhere, never gated. The baseline is one JSON
+file per scenario in reports/baseline/, moved on purpose with
+`coopsched report --update-baseline`.
 """
 
 from __future__ import annotations
@@ -16,21 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.compare import rule
+from harness.compare.rule import Metric
 from harness.run import metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASELINE_DIR = REPO_ROOT / "reports" / "baseline"
 TOLERANCE = 0.01  # relative: worse by more than 1% fails
-_ABS_EPS = 1e-9   # a zero baseline tolerates float dust, not a real change
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    unit: str
-    higher_is_better: bool
-    title: str
-
 
 TRACKED = (
     Metric("classic_itl_p50_ms", "ms", False, "classic ITL p50"),
@@ -144,17 +137,7 @@ class Finding:
 
 
 def judge(metric: str, baseline: float | None, current: float | None) -> str:
-    if baseline is None and current is None:
-        return "same"
-    if current is None:
-        return "missing"
-    if baseline is None:
-        return "new"
-    slack = TOLERANCE * abs(baseline) + _ABS_EPS
-    delta = current - baseline if not BY_NAME[metric].higher_is_better else baseline - current
-    if delta > slack:
-        return "worse"
-    return "better" if delta < -_ABS_EPS else "same"
+    return rule.judge(BY_NAME[metric].higher_is_better, baseline, current, TOLERANCE)
 
 
 def compare(current: Mapping[str, Mapping[str, Mapping]], baseline: Mapping[str, Mapping[str, Mapping]],
@@ -164,21 +147,9 @@ def compare(current: Mapping[str, Mapping[str, Mapping]], baseline: Mapping[str,
     A scenario x mode the baseline lacks is `new` (not gated until the baseline
     moves); one the current run lacks is `missing`, and fails like a regression.
     """
-    findings = []
-    for scenario in sorted(set(current) | set(baseline)):
-        modes_now, modes_then = current.get(scenario, {}), baseline.get(scenario, {})
-        for mode in sorted(set(modes_now) | set(modes_then)):
-            now, then = modes_now.get(mode), modes_then.get(mode)
-            for metric in TRACKED:
-                key = f"{scenario}/{mode}/{metric.name}"
-                if then is None:
-                    findings.append(Finding(key, None, now.get(metric.name), "new"))
-                elif now is None:
-                    findings.append(Finding(key, then.get(metric.name), None, "missing"))
-                else:
-                    b, c = then.get(metric.name), now.get(metric.name)
-                    findings.append(Finding(key, b, c, judge(metric.name, b, c)))
-    return findings
+    flat = lambda side: {f"{s}/{m}": values for s, modes in side.items() for m, values in modes.items()}
+    rows = rule.compare_tables(flat(baseline), flat(current), TRACKED, TOLERANCE)
+    return [Finding(f"{r.key}/{r.metric}", r.base, r.new, r.verdict) for r in rows]
 
 
 def failures(findings: Iterable[Finding]) -> list[Finding]:

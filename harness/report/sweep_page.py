@@ -23,6 +23,8 @@ FIGURES = (("latency", "sweep_latency.png", "latency vs load"), ("goodput", "swe
 
 
 def _unit(sweep: dict) -> str:
+    if sweep.get("load_unit") == "speedup":  # a replayed trace: its own pace times the load
+        return "speed-up of the trace (open loop)"
     return "requests/s (open loop)" if sweep["load_kind"] == "rate" else "users (closed loop)"
 
 
@@ -79,7 +81,7 @@ def goodput_figure(sweep: dict) -> tuple[Figure, dict]:
     left, right = fig.subplots(1, 2, squeeze=False)[0]
     goodput, attainment = _series(sweep, "goodput_rps"), _series(sweep, "slo_attainment")
     _lines(left, goodput, "goodput_rps")
-    if sweep["load_kind"] == "rate":
+    if sweep["load_kind"] == "rate" and sweep.get("load_unit") != "speedup":  # a speed-up is not a rate
         left.plot(sweep["loads"], sweep["loads"], color="#999999", ls=":", lw=1, label="offered", gid="offered")
     _style(left, sweep, "goodput", "requests meeting the SLO per s")
     left.legend(fontsize=8)
@@ -129,7 +131,7 @@ def _fmt(v, spec: str = "{:.1f}") -> str:
 
 def tables(sweep: dict) -> str:
     """The capacity per mode, then every mode x load (means over seeds)."""
-    unit = "req/s" if sweep["load_kind"] == "rate" else "users"
+    unit = "x" if sweep.get("load_unit") == "speedup" else "req/s" if sweep["load_kind"] == "rate" else "users"
     cap = "".join(f"<tr><td class='l'>{html.escape(m)}</td><td>{'none' if v is None else f'{v:g} {unit}'}</td></tr>"
                   for m, v in sweep["capacity"].items())
     head = ("<tr><th class='l'>mode</th><th>load</th><th>attainment</th><th>worst seed</th><th>goodput r/s</th>"

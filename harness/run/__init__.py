@@ -1,1 +1,1 @@
-"""Scenarios in one run: load, execute, trace JSON, checks and bounds, latency metrics, `coopsched run`."""
+"""Scenarios in one run: load, execute, trace JSON, bounds, latency metrics, the SLO, `coopsched run`."""

@@ -27,20 +27,17 @@ from dataclasses import dataclass, field
 from coopsched.core.modes.cost import MIN_BLOCK_SIZE
 from coopsched.core.types import ActionKind, TickKind
 from harness.run import metrics
+from harness.verdict.check import Check
 
 EPS_MS = 1e-6
 REAL_TIME_ALLOWANCE = 1.5  # real clocks get the 1.5x allowance; virtual time is exact
 
 
-def check(name: str, holds: bool | None, value, bound, expect: str = "pass", note: str = "") -> dict:
-    """A check record; holds=None means skipped (not a failure)."""
+def check(name: str, holds: bool | None, value, bound, expect: str = "pass", note: str = "") -> Check:
+    """A bound's verdict; holds=None means skipped, `note` then says why (never a pass)."""
     if holds is None:
-        return {"name": name, "ok": True, "skipped": True, "value": None, "bound": None,
-                "expect": expect, "note": note}
-    value = round(value, 6) if isinstance(value, float) else value
-    bound = round(bound, 6) if isinstance(bound, float) else bound
-    return {"name": name, "ok": bool(holds) == (expect == "pass"), "holds": bool(holds),
-            "value": value, "bound": bound, "expect": expect, "note": note}
+        return Check.skip(name, note, expect)
+    return Check(name, bool(holds), value, bound, expect, note)
 
 
 @dataclass(frozen=True)
@@ -170,7 +167,7 @@ def earned_rounds(ticks) -> int:
     return sum(t.action is ActionKind.PREFILL for t in ticks[first + 1:])
 
 
-def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> dict:
+def classic_gap_check(run, terms: Terms, spec_actions_per_gap: int) -> Check:
     """Every classic gap <= decode + A rounds, + slice 0 at admission (a speculative prompt's slice 0
     counts only in the gap that holds it), + one round per Prefill action after the gap's first
     round when prefill is not chunked: each clears the yield flag again (upstream's rule).
@@ -198,7 +195,7 @@ def mixed_step_ms(run, chunk_tokens: int) -> float:
     return run.cost.mixed(chunk_tokens, rows)
 
 
-def mixed_gap_check(run, terms: Terms, chunk_tokens: int) -> dict:
+def mixed_gap_check(run, terms: Terms, chunk_tokens: int) -> Check:
     """Every classic gap with a mixed step in it <= one mixed step of `chunk_tokens` (+ a round where a
     round ran in the gap, + one per Prefill after it), + the admission work inside it. A whole-prompt
     prefill beside the decode rows in place of the chunk fails it."""
@@ -216,7 +213,7 @@ def mixed_gap_check(run, terms: Terms, chunk_tokens: int) -> dict:
                  "+ a round where one ran, + admissions")
 
 
-def prefill_grant_check(run, terms: Terms, chunk_tokens: int) -> dict:
+def prefill_grant_check(run, terms: Terms, chunk_tokens: int) -> Check:
     """Upstream's grant bound: a classic prompt prefilled in C chunks beside decode rows has its first
     token within C chunks + (C - 1) grant cycles of `prefill_grant_interval` decode steps (each with a
     round beside it, + one, where rounds ran) from its first chunk: C x (interval x D + P) for
@@ -279,7 +276,7 @@ def budget_floor_ms(run, terms: Terms) -> float:
     return terms.decode_ms + run.cost.round(MIN_BLOCK_SIZE, widest_job(run))
 
 
-def fused_gap_check(run, terms: Terms) -> dict:
+def fused_gap_check(run, terms: Terms) -> Check:
     step = fused_step_ms(run)
     worst = worst_gap((gap, (step + extra) * terms.factor) for gap, extra, _, _ in classic_gaps(run, terms))
     if worst is None:
@@ -288,7 +285,7 @@ def fused_gap_check(run, terms: Terms) -> dict:
                  note=f"one fused step ({step:.3f} ms), + slice 0 / prefill at admission")
 
 
-def budget_gap_check(run, terms: Terms) -> dict:
+def budget_gap_check(run, terms: Terms) -> Check:
     budget = run.config.hol_budget_ms
     floor = budget_floor_ms(run, terms)
     worst = worst_gap((gap, max(budget, terms.decode_ms + extra, floor) * terms.factor)
@@ -315,7 +312,7 @@ def chunk_ms(run, terms: Terms, num_tokens: int, with_draft: bool) -> float:
                default=0.0)
 
 
-def prefill_stall_check(run, terms: Terms, chunk_tokens: int) -> dict:
+def prefill_stall_check(run, terms: Terms, chunk_tokens: int) -> Check:
     """Every classic gap <= a decode step + one chunk of `chunk_tokens` (with the drafter when a
     speculative prefill ran in the gap) + one speculative action where a round ran in it (cost
     mode: its budget's worth). Without chunking the whole prefill sits in one gap and it fails."""

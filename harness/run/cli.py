@@ -1,4 +1,7 @@
-"""`coopsched run`: scenarios x modes, a table of checks, the trace JSON, exit 0 iff all hold."""
+"""`coopsched run`: scenarios x modes, a table of checks, the trace JSON, exit 0 iff none failed.
+
+The last line counts what held, failed and was skipped (with why); --strict fails a skipped check too.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from coopsched.core import MODES
 from coopsched.env import GateError
 from harness.run import runner, scenario, trace_json
 from harness.run.summary import print_summary, ratios_against_printed_burst
+from harness.verdict.check import Tally, state
 
 
 def positive_ms(text: str) -> float:
@@ -56,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-prefill", type=int, metavar="M",
                         help="classic requests one prefill tick may admit together (wins over the scenario's; "
                              "default: the scenario's, else 1)")
+    parser.add_argument("--strict", action="store_true",
+                        help="a skipped check fails the run (exit 1): green then means every check ran and held")
 
 
 def modes_for(args: argparse.Namespace, bare: bool) -> list[str | None]:
@@ -84,7 +90,7 @@ def print_table(console: Console, traces: list[dict]) -> None:
         for c in trace["checks"]:
             fmt = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
             expect = "" if c["expect"] == "pass" else " (must fail)"
-            verdict = "skipped" if c.get("skipped") else ("[green]ok[/]" if c["ok"] else "[red]FAIL[/]")
+            verdict = {"skipped": "[yellow]skipped[/]", "held": "[green]ok[/]", "failed": "[red]FAIL[/]"}[state(c)]
             table.add_row(trace["scenario"], trace["mode"], c["name"] + expect, fmt(c["value"]),
                           fmt(c["bound"]), verdict)
     console.print(table)
@@ -100,9 +106,11 @@ def main(args: argparse.Namespace) -> int:
         scenarios = [scenario.load(n) for n in names]
         for warning in runner.gate_warnings(scenarios):  # as `coopsched serve` logs them; the run goes on
             print(f"warning: {warning}", file=sys.stderr)
+        for note in (n for s in scenarios if s.workload for n in s.workload.notes):  # rows a replay left out
+            print(f"note: {note}", file=sys.stderr)
         if args.target:
             from harness.live.http_target import run_against_target
-            traces = [run_against_target(s.for_seed(args.seed), args.target, args.seed, console) for s in scenarios]
+            traces = [run_against_target(s, args.target, args.seed, console) for s in scenarios]
         else:
             factory = backend_factory(args)
             clock = RealClock if args.backend == "mlx" else ManualClock
@@ -121,13 +129,21 @@ def main(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         with args.json.open("w") as fp:
             trace_json.write(traces, fp)
-    failed = [f"{t['scenario']}/{t['mode']}/{c['name']}" for t in traces for c in t["checks"] if not c["ok"]]
-    if failed:
-        console.print(f"[red]{len(failed)} expectation(s) failed:[/] {', '.join(failed)}")
-        return 1
-    total = sum(len(t["checks"]) for t in traces)
-    console.print(f"[green]all {total} expectations hold[/] across {len(traces)} runs")
-    return 0
+    return verdict(console, traces, strict=getattr(args, "strict", False))
+
+
+def verdict(console: Console, traces: list[dict], *, strict: bool = False) -> int:
+    """The last line: 'all N expectations hold' only when every check ran and held; exit 1 on a
+    failure (or, strict, a skip)."""
+    tally = Tally.of((f"{t['scenario']}/{t['mode']}/{c['name']}", c) for t in traces for c in t["checks"])
+    if tally.failed:
+        console.print(f"[red]{len(tally.failed)} expectation(s) failed:[/] {', '.join(tally.failed)}")
+    if tally.skipped and strict:
+        console.print(f"[red]--strict: {len(tally.skipped)} skipped check(s) fail the run:[/] "
+                      f"{', '.join(tally.skipped)}")
+    colour = "green" if tally.ok(strict) and not tally.skipped else ("yellow" if tally.ok(strict) else "red")
+    console.print(f"[{colour}]{escape(tally.line(len(traces)))}[/]", soft_wrap=True)
+    return 0 if tally.ok(strict) else 1
 
 
 if __name__ == "__main__":

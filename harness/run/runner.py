@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from coopsched.clock import ManualClock
-from coopsched.core import Request, Scheduler, SchedulerConfig, TickRecord
+from coopsched.core import ModelBackend, Request, Scheduler, SchedulerConfig, TickRecord
 from coopsched.engine import Engine
 from coopsched.env import Gates
 from harness.run import metrics
 from harness.run.scenario import Scenario
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
-BackendFactory = Callable[[object, Scenario, int], object]  # (clock, scenario, seed) -> backend
+BackendFactory = Callable[[object, Scenario, int], ModelBackend]  # (clock, scenario, seed) -> backend
 DEFAULT_ACCEPT_PROB = 0.7
 
 
@@ -33,7 +33,7 @@ class Run:
     token_times: dict[str, list[float]]
     ticks: list[TickRecord]
     scheduler: Scheduler
-    backend: object
+    backend: ModelBackend
     extra: dict = field(default_factory=dict)
     _index: dict = field(default_factory=dict, repr=False)
 
@@ -85,7 +85,7 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
             speculative: bool | None = None, backend_factory: BackendFactory = mock_backend,
             clock=None) -> Run:
     clock = clock or ManualClock()
-    backend = backend_factory(clock, scenario, seed)
+    backend = reports_live_caches(backend_factory(clock, scenario, seed))
     scheduler = Scheduler(config)
     requests = scenario.build_requests(seed, speculative)
     token_times: dict[str, list[float]] = {r.id: [] for r in requests}
@@ -98,12 +98,23 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
                token_times, result.ticks, scheduler, backend)
 
 
+def reports_live_caches(backend: ModelBackend) -> ModelBackend:
+    """The backend, if it reports `num_live` (the protocol asks it): without it `kv_released`
+    could not tell a freed cache from a leaked one, so the run is refused rather than passed."""
+    live = getattr(backend, "num_live", None)
+    if not isinstance(live, int) or isinstance(live, bool):
+        raise ValueError(f"backend {type(backend).__name__} reports no num_live (got {live!r}): "
+                         "kv_released needs the count of sequences holding caches (ModelBackend.num_live)")
+    return backend
+
+
 def _ms(x: float) -> float:
     return round(x, 6)
 
 
 def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
     requests = []
+    hashes = {s.id: list(s.hash_ids) for s in run.scenario.specs(seed) if s.hash_ids is not None}  # a replay's
     for r in run.requests:
         times = run.token_times[r.id]
         requests.append({
@@ -113,6 +124,7 @@ def to_trace(run: Run, checks: list[dict], seed: int) -> dict:
             "finish_reason": r.finish_reason.value if r.finish_reason else None,
             "metrics": {k: (_ms(v) if isinstance(v, float) else v)
                         for k, v in metrics.request_metrics(r.arrival_ms, times).items()},
+            **({"hash_ids": hashes[r.id]} if r.id in hashes else {}),
         })
     obs = run.scheduler.obs
     return {
@@ -137,7 +149,7 @@ def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
                  backend_factory: BackendFactory = mock_backend, clock_factory=ManualClock,
                  options: dict | None = None) -> dict:
     """The trace of one scenario x mode, with its checks evaluated."""
-    from harness.run.checks import evaluate
+    from harness.verdict.virtual import evaluate
 
     config = scenario_config(scenario, mode, options)
     run = execute(scenario, config, seed, backend_factory=backend_factory, clock=clock_factory())
@@ -148,4 +160,4 @@ def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
     if config.mode != "burst" and scenario.runs_reference("vs_burst"):
         burst = execute(scenario, config.with_(mode="burst"), seed, backend_factory=backend_factory,
                         clock=clock_factory())
-    return to_trace(run, evaluate(run, classic=classic, burst=burst), seed)
+    return to_trace(run, [c.to_json() for c in evaluate(run, classic=classic, burst=burst)], seed)

@@ -20,8 +20,8 @@ from mocks import CostModel
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 TABLES = ("scheduler", "cost", "mock", "gates", "checks")
 MOCK_KEYS = ("accept_prob", "eos_rate")
-CHECK_NAMES = ("classic_itl", "prefill_stall", "prefill_grant", "mixed_step", "burst_wall", "lump",  # checks.evaluate
-               "rotation", "window", "throughput_vs_burst",
+CHECK_NAMES = ("classic_itl", "prefill_stall", "prefill_grant", "mixed_step",  # harness/verdict/virtual.py
+               "burst_wall", "lump", "rotation", "window", "throughput_vs_burst",
                "parity", "vs_burst")  # reference runs, on unless `= false`
 
 

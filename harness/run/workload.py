@@ -3,7 +3,7 @@
 Open loop (poisson, gamma, constant) fixes every arrival up front; a closed loop
 has `concurrency` users, each sending the next request the instant its previous
 one finishes (`ClosedLoop`, fed by the engine's finish events); `trace` replays a
-JSONL file. Same seed, same requests: numpy Generators, one salt per purpose.
+file (harness/run/trace_formats.py). Same seed, same requests: numpy Generators, one salt per purpose.
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ import numpy as np
 
 from coopsched.core import Priority, Request, SamplingParams
 from coopsched.engine import Arrivals
+from harness.run import trace_formats
+from harness.run.trace_formats import FORMATS as TRACE_FORMATS
+from harness.run.trace_formats import TraceError, TraceLine
 
 ARRIVALS = ("poisson", "gamma", "constant", "closed")
 KEYS = ("num_requests", "arrival", "rate_per_s", "burstiness", "concurrency", "start_ms", "prompt_len",
-        "max_tokens", "speculative_share", "accept_prob", "trace")
-TRACE_KEYS = ("trace", "max_tokens", "start_ms", "accept_prob")  # the file gives the rest
-TRACE_LINE_KEYS = ("arrival_ms", "prompt_len", "prompt", "max_tokens", "speculative")
+        "max_tokens", "speculative_share", "accept_prob", "trace", "trace_format", "speedup")
+TRACE_KEYS = ("trace", "trace_format", "speedup", "num_requests", "start_ms", "max_tokens", "speculative_share",
+              "accept_prob")  # the file gives the rest
 DEFAULT_PROMPT_LEN = 16  # RequestSpec's defaults
 DEFAULT_MAX_TOKENS = 64
 SALTS = {"arrival": 1, "prompt_len": 2, "max_tokens": 3, "speculative": 4}  # one stream per purpose
@@ -43,6 +46,7 @@ class RequestSpec:
     temperature: float = 0.0
     stop: tuple[str, ...] = ()
     accept_script: tuple[int, ...] = ()
+    hash_ids: tuple[int, ...] | None = None  # a replayed Mooncake line's prefix-block hashes
 
     def prompt_tokens(self, seed: int) -> tuple[int, ...]:
         if self.prompt is not None:
@@ -128,15 +132,6 @@ class Lengths:
 
 
 @dataclass(frozen=True)
-class TraceLine:
-    arrival_ms: float
-    prompt_len: int | None
-    prompt: str | None
-    max_tokens: int | None
-    speculative: bool
-
-
-@dataclass(frozen=True)
 class Workload:
     arrival: str                       # one of ARRIVALS, or "trace" for a replay
     num_requests: int
@@ -149,6 +144,10 @@ class Workload:
     speculative_share: float = 1.0
     accept_prob: float | None = None
     trace: tuple[TraceLine, ...] = ()
+    speedup: float = 1.0               # a replay's arrivals are divided by it (a rate sweep sets it)
+    max_tokens_cap: int | None = None  # a replay's budget cap (and the budget of lines that give none)
+    trace_share: float | None = None   # eligible share of the lines that do not say; None: all of them
+    notes: tuple[str, ...] = ()        # what reading the trace left out
 
     @classmethod
     def parse(cls, table: dict, base_dir: Path) -> Workload:
@@ -160,12 +159,7 @@ class Workload:
         common = {"start_ms": _start_ms(table), "accept_prob": _share(table, "accept_prob", None),
                   "max_tokens": Lengths.parse("max_tokens", table.get("max_tokens", DEFAULT_MAX_TOKENS))}
         if "trace" in table:
-            extra = sorted(set(table) - set(TRACE_KEYS))
-            if extra:
-                raise WorkloadError(f"[workload] {_show(table, 'trace')} gives arrivals, lengths and flags: "
-                                    f"drop {', '.join(extra)} (with a trace: {', '.join(TRACE_KEYS)})")
-            lines = read_trace(table["trace"], base_dir)
-            return cls("trace", len(lines), trace=lines, **common)
+            return cls._replay(table, base_dir, common)
         arrival = table.get("arrival")
         if arrival not in ARRIVALS:
             raise WorkloadError(f"[workload] {_show(table, 'arrival')}: want one of {', '.join(ARRIVALS)} "
@@ -193,6 +187,31 @@ class Workload:
                                 "1 = Poisson, < 1 burstier, > 1 more regular)")
         return cls(arrival, num, rate_per_s=float(rate), burstiness=float(burstiness), **fields)
 
+    @classmethod
+    def _replay(cls, table: dict, base_dir: Path, common: dict) -> Workload:
+        extra = sorted(set(table) - set(TRACE_KEYS))
+        if extra:
+            raise WorkloadError(f"[workload] {_show(table, 'trace')} gives arrivals and lengths: "
+                                f"drop {', '.join(extra)} (with a trace: {', '.join(TRACE_KEYS)})")
+        fmt = table.get("trace_format", "auto")
+        if fmt not in TRACE_FORMATS:
+            raise WorkloadError(f"[workload] {_show(table, 'trace_format')}: want one of {', '.join(TRACE_FORMATS)}")
+        speedup = table.get("speedup", 1.0)
+        if not _is_number(speedup) or speedup <= 0:
+            raise WorkloadError(f"[workload] {_show(table, 'speedup')}: want a number > 0 (arrivals are divided by it)")
+        cap = table.get("max_tokens")
+        if cap is not None and (not _is_int(cap) or cap < 1):
+            raise WorkloadError(f"[workload] {_show(table, 'max_tokens')}: beside a trace it is a cap: "
+                                "want an int >= 1")
+        lines, notes = read_trace(table["trace"], base_dir, fmt)
+        num = table.get("num_requests", len(lines))
+        if not _is_int(num) or num < 1:
+            raise WorkloadError(f"[workload] {_show(table, 'num_requests')}: want an int >= 1 (the first N requests)")
+        lines = lines[:num]
+        return cls("trace", len(lines), trace=lines, speedup=float(speedup), max_tokens_cap=cap,
+                   trace_share=_share(table, "speculative_share", None), notes=notes,
+                   **{**common, "max_tokens": Lengths(fixed=cap or DEFAULT_MAX_TOKENS)})
+
     @property
     def is_closed(self) -> bool:
         return self.arrival == "closed"
@@ -204,17 +223,33 @@ class Workload:
     def specs(self, seed: int) -> list:
         """The generated (or replayed) requests for this seed, in arrival order."""
         n, ids = self.num_requests, self.ids()
+        if self.trace:
+            return self._replay_specs(seed, ids)
         max_tokens = self.max_tokens.sample(_rng(seed, "max_tokens"), n).tolist()
-        if self.arrival == "trace":
-            return [RequestSpec(i, self.start_ms + line.arrival_ms, line.prompt_len or DEFAULT_PROMPT_LEN,
-                                line.prompt, line.max_tokens or m, line.speculative)
-                    for i, line, m in zip(ids, self.trace, max_tokens)]
         arrivals = self.arrivals_ms(seed).tolist()
         prompt_len = self.prompt_len.sample(_rng(seed, "prompt_len"), n).tolist()
         eligible = np.zeros(n, dtype=bool)
         eligible[_rng(seed, "speculative").permutation(n)[: round(self.speculative_share * n)]] = True
         return [RequestSpec(i, a, p, None, m, s)
                 for i, a, p, m, s in zip(ids, arrivals, prompt_len, max_tokens, eligible.tolist())]
+
+    def _replay_specs(self, seed: int, ids: list[str]) -> list:
+        """The trace's lines: arrivals / speedup after start_ms (all at start_ms in a closed loop), budgets
+        capped, and exactly round(share x N) of the N lines that do not say chosen eligible."""
+        unsaid = np.asarray([i for i, line in enumerate(self.trace) if line.speculative is None], dtype=np.int64)
+        eligible = set(unsaid.tolist())
+        if self.trace_share is not None:
+            eligible = set(unsaid[_rng(seed, "speculative").permutation(unsaid.size)[
+                : round(self.trace_share * unsaid.size)]].tolist())
+        cap = self.max_tokens_cap or DEFAULT_MAX_TOKENS
+        specs = []
+        for index, (i, line) in enumerate(zip(ids, self.trace)):
+            at = self.start_ms if self.is_closed else round(self.start_ms + line.arrival_ms / self.speedup, 6)
+            budget = min(line.max_tokens, cap) if line.max_tokens and self.max_tokens_cap else line.max_tokens or cap
+            flag = index in eligible if line.speculative is None else line.speculative
+            specs.append(RequestSpec(i, at, line.prompt_len or DEFAULT_PROMPT_LEN, line.prompt, budget, flag,
+                                     hash_ids=line.hash_ids))
+        return specs
 
     def arrivals_ms(self, seed: int) -> np.ndarray:
         """Open loop: the first request at start_ms, then gaps of mean 1000 / rate_per_s ms.
@@ -298,45 +333,15 @@ def read_text(path: Path, what: str, error: type[ValueError]) -> str:
         raise error(f"cannot read {what} {path}: {exc}") from None
 
 
-def read_trace(name, base_dir: Path) -> tuple[TraceLine, ...]:
-    """A JSONL replay: one object per line (blank lines allowed), path relative to the scenario file."""
+def read_trace(name, base_dir: Path, fmt: str = "auto") -> tuple[tuple[TraceLine, ...], tuple[str, ...]]:
+    """A replay file (path relative to the scenario file) in any of TRACE_FORMATS: its lines in
+    arrival order and the notes on what was left out."""
     if not isinstance(name, str) or not name:
-        raise WorkloadError(f"[workload] trace = {json.dumps(name)}: want a path to a .jsonl file")
+        raise WorkloadError(f"[workload] trace = {json.dumps(name)}: want a path to a trace file")
     path = (base_dir / name).resolve()
     text = read_text(path, "[workload] trace file", WorkloadError)
-    lines = [_trace_line(path, number, line) for number, line in enumerate(text.splitlines(), 1)
-             if line.strip()]
-    if not lines:
-        raise WorkloadError(f"trace file {path} holds no requests")
-    return tuple(sorted(lines, key=lambda line: line.arrival_ms))  # stable: file order among ties
-
-
-def _trace_line(path: Path, number: int, text: str) -> TraceLine:
-    where = f"{path}:{number}"
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{where}: not a JSON object ({exc.msg})") from None
-    if not isinstance(obj, dict):
-        raise WorkloadError(f"{where}: want a JSON object, got {text.strip()[:60]}")
-    unknown = sorted(set(obj) - set(TRACE_LINE_KEYS))
-    if unknown:
-        raise WorkloadError(f"{where}: unknown key {', '.join(map(repr, unknown))}; "
-                            f"accepted: {', '.join(TRACE_LINE_KEYS)}")
-    arrival = obj.get("arrival_ms")
-    if not _is_number(arrival) or arrival < 0:
-        raise WorkloadError(f"{where}: arrival_ms = {json.dumps(arrival)}: want a number >= 0 (required)")
-    if ("prompt_len" in obj) == ("prompt" in obj):
-        raise WorkloadError(f"{where}: give exactly one of prompt_len (int >= 1) and prompt (text)")
-    prompt_len, prompt = obj.get("prompt_len"), obj.get("prompt")
-    if "prompt_len" in obj and (not _is_int(prompt_len) or prompt_len < 1):
-        raise WorkloadError(f"{where}: prompt_len = {json.dumps(prompt_len)}: want an int >= 1")
-    if "prompt" in obj and (not isinstance(prompt, str) or not prompt):
-        raise WorkloadError(f"{where}: prompt = {json.dumps(prompt)}: want non-empty text")
-    max_tokens = obj.get("max_tokens")
-    if "max_tokens" in obj and (not _is_int(max_tokens) or max_tokens < 1):
-        raise WorkloadError(f"{where}: max_tokens = {json.dumps(max_tokens)}: want an int >= 1")
-    speculative = obj.get("speculative", True)
-    if not isinstance(speculative, bool):
-        raise WorkloadError(f"{where}: speculative = {json.dumps(speculative)}: want true or false")
-    return TraceLine(float(arrival), prompt_len, prompt, max_tokens, speculative)
+        trace = trace_formats.read(path, text, fmt)
+    except TraceError as exc:
+        raise WorkloadError(str(exc)) from None
+    return trace.lines, trace.notes

@@ -90,6 +90,10 @@ class FaultyBackend:
                 raise InjectedFault(f"injected {call} failure")
 
     # -- ModelBackend ---------------------------------------------------------
+    @property
+    def num_live(self) -> int:
+        return self.inner.num_live
+
     def prefill(self, seq_id, prompt, params, with_draft):
         for marker, kind, calls, skip in self.prompt_rules:
             if marker in self.inner.detokenize(prompt):

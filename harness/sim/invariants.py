@@ -6,10 +6,11 @@
 and are held exactly by admitted requests, every live request is in exactly one
 place, one action (and at most one speculative job) per tick, strict alternation in
 slice mode, streamed tokens equal committed ones with one finish event each, finished
-outputs equal the mock's reference tokens, errors only where a fault hit. Chunked and
-batched prefill: a tick prefills within its budget and row cap, a round never drafts a
-row whose prompt is not all in, and with chunking a classic gap holds at most one
-prefill tick (and, in slice and fused mode, one speculative round or chunk).
+outputs and finish reasons equal the reference oracle's (mocks.oracle), errors only
+where a fault hit. Chunked and batched prefill: a tick prefills within its budget and
+row cap, a round never drafts a row whose prompt is not all in, and with chunking a
+classic gap holds at most one prefill tick (and, in slice and fused mode, one
+speculative round or chunk).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections import Counter
 from coopsched.core import ActionKind, FinishReason, Request, RequestState, Scheduler, TickKind
 from coopsched.core.scheduler import WAITER_CANCELLED
 from coopsched.engine import Engine
-from mocks.model import context_hash, extend_hash
+from mocks import oracle
 
 ADMITTED = (RequestState.RUNNING, RequestState.PREFILLING, RequestState.SPECULATIVE, RequestState.PARKED)
 ALLOWED_CALLS = {  # model calls each action may make (burst and slice 0 run inside Prefill)
@@ -36,21 +37,16 @@ class InvariantError(AssertionError):
     pass
 
 
-def reference_tokens(mock, request: Request) -> list[int]:
-    """What the mock target alone generates for the request (EOS and stop strings end it)."""
-    prompt = list(request.prompt_token_ids)
-    context, h, out = list(prompt), context_hash(prompt), []
-    while len(out) < request.max_tokens:
-        token = mock.target.next_token(context, h, len(prompt), request.sampling.temperature,
-                                       request.sampling.seed)
-        if token == mock.eos_token_id:
-            break
-        out.append(token)
-        context.append(token)
-        h = extend_hash(h, token)
-        if request.stop and any(s in mock.detokenize(out) for s in request.stop):
-            break
-    return out
+def _rules(request: Request) -> str:
+    """The request's own ending rules, for a failure message."""
+    sampling, rules = request.sampling, []
+    if sampling.min_tokens:
+        rules.append(f"min_tokens={sampling.min_tokens}")
+    if sampling.ignore_eos:
+        rules.append("ignore_eos")
+    if request.stop:
+        rules.append(f"stop={list(request.stop)}")
+    return f" [{', '.join(rules)}]" if rules else ""
 
 
 class Checked:
@@ -238,15 +234,15 @@ class Checked:
         aborted = request.is_cancelled and request.error == WAITER_CANCELLED
         if reason is FinishReason.ERROR and request.id not in self.doomed and not aborted:
             self._fail(where, f"{request.id} ended in error but no fault hit it: {request.error}")
-        expected = reference_tokens(self.mock, request)
+        expected = oracle.expected(self.mock.target, request, self.mock.detokenize)
         out = request.output_token_ids
         if request.is_cancelled or reason is FinishReason.ERROR:
-            if out != expected[: len(out)]:
-                self._fail(where, f"{request.id}: output {out} is not a prefix of the reference {expected}")
-        elif out != expected:
-            self._fail(where, f"{request.id}: output {out} != reference {expected} ({reason.value})")
-        if reason is FinishReason.LENGTH and len(out) != request.max_tokens:
-            self._fail(where, f"{request.id}: length finish with {len(out)}/{request.max_tokens} tokens")
+            if out != expected.token_ids[: len(out)]:
+                self._fail(where, f"{request.id}: output {out} is not a prefix of the reference "
+                                  f"{expected.token_ids}")
+        elif (out, reason) != expected:
+            self._fail(where, f"{request.id}: output {out} ({reason.value}) != reference {expected.token_ids} "
+                              f"({expected.finish_reason.value}){_rules(request)}")
 
     def _collect_faults(self) -> None:
         for fault, rows in self.faulty.fired[self._num_fired:]:

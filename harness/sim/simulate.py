@@ -2,7 +2,8 @@
 
 Each seed builds a random scheduler config (every mode, chunked and batched prefill
 drawn from a generator of their own, so the other draws stay as they were) and a small
-workload: bursty arrivals, mixed lengths, priorities, stop strings, plus the faults asked for (cancels,
+workload: bursty arrivals, mixed lengths, priorities, stop strings, min_tokens and
+ignore_eos (also from their own generator), plus the faults asked for (cancels,
 disconnects inside a model call and between draft and verify, KV exhaustion and
 oversized requests, a drafter outage, a backend that fails one request). Every tick
 is checked (harness.sim.invariants); a failing seed prints a one-line replay command.
@@ -79,9 +80,16 @@ def prefill_knobs(seed: int) -> dict:
             "prefill_grant_interval": rng.choice((16, 0, 1, 2)), "mixed_step": rng.random() < 0.3}
 
 
+def eos_rules(rng: random.Random, max_tokens: int) -> dict:
+    """min_tokens and ignore_eos for one request: most keep the defaults; min_tokens spans 1..max_tokens."""
+    roll = rng.random()
+    return {"min_tokens": rng.randint(1, max_tokens) if roll < 0.3 else 0, "ignore_eos": 0.3 <= roll < 0.4}
+
+
 def build(seed: int, faults: tuple[str, ...], knobs: bool = True):
     """The checked scheduler and the seed's timeline: (time_ms, kind, payload), sorted.
-    `knobs=False` keeps prefill at its defaults (the runs stored before chunking existed)."""
+    `knobs=False` keeps prefill, min_tokens and ignore_eos at their defaults (the runs stored
+    before those were drawn)."""
     from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
     rng = random.Random(seed)
@@ -103,6 +111,7 @@ def build(seed: int, faults: tuple[str, ...], knobs: bool = True):
 
     timeline = []
     t = 0.0
+    eos_rng = random.Random(f"eos:{seed}")  # its own stream: the rest of the seed's draws stay as they were
     for i in range(rng.randint(3, 12)):
         if rng.random() < 0.35:  # bursty: most requests land together, a few after a gap
             t += rng.choice((0.0, rng.uniform(1, 40), rng.uniform(40, 200)))
@@ -111,7 +120,8 @@ def build(seed: int, faults: tuple[str, ...], knobs: bool = True):
         seq_id = f"s{seed}-{i}"
         drafter.scripts[seq_id] = [rng.randint(0, 4) for _ in range(rng.randint(0, 3))]
         request = Request(seq_id, tuple(rng.randint(32, 126) for _ in range(prompt_len)), max_tokens,
-                          SamplingParams(rng.choice((0.0, 0.0, 0.8)), seed=rng.randint(0, 9)),
+                          SamplingParams(rng.choice((0.0, 0.0, 0.8)), seed=rng.randint(0, 9),
+                                         **(eos_rules(eos_rng, max_tokens) if knobs else {})),
                           stop=rng.choice(((), (), (), ("a",), ("Q", "zz"))),
                           speculative=rng.random() < 0.7, priority=rng.choice(list(Priority)))
         timeline.append((t, 0, "submit", request))
@@ -187,6 +197,11 @@ def run_seed(seed: int, faults: tuple[str, ...], counts: Counter | None = None, 
     counts["waiter_parks"] += sched.obs.waiter_parks
     for reason, n in summary["finished"].items():
         counts[f"finish:{reason}"] += n
+    for request in checked.submitted.values():  # keys only where drawn: stored counts stay valid
+        if request.sampling.min_tokens:
+            counts["requests:min_tokens"] += 1
+        if request.sampling.ignore_eos:
+            counts["requests:ignore_eos"] += 1
     config = sched.config
     if config.is_chunked or config.max_batch_prefill > 1:  # keys only where used: stored counts stay valid
         counts["prefill:chunked-seeds"] += config.is_chunked
@@ -284,7 +299,8 @@ def print_summary(console, outcome: Outcome, faults, elapsed: float, args) -> No
     table.add_column("what")
     table.add_column("count", justify="right")
     rows = [("seeds", outcome.seeds), ("seeds/s", f"{outcome.seeds / max(elapsed, 1e-9):.0f}"),
-            ("wall s", f"{elapsed:.1f}"), ("ticks", c["ticks"]), ("requests", c["requests"])]
+            ("wall s", f"{elapsed:.1f}"), ("ticks", c["ticks"]), ("requests", c["requests"]),
+            ("requests with min_tokens / ignore_eos", f"{c['requests:min_tokens']} / {c['requests:ignore_eos']}")]
     rows += [(k, v) for k, v in sorted(c.items()) if k.split(":")[0] in ("mode", "finish")]
     rows += [("KV-full ticks (admission waited)", c["kv_full_ticks"]),
              ("refused: too long for a slot", c["refused:too-long"]),

@@ -38,7 +38,8 @@ LLAMA_DRAFTS = "llamacpp:spec_decode_num_drafts_total"  # one per round: any lla
 _WHOLE = re.compile(r"\+?[0-9]+")
 _DECIMAL = re.compile(r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
 EPILOG = f"""A point = one mode x one load x one seed (seeds 0..N-1, default {DEFAULT_SEEDS}); give exactly one of
---rates (open loop: the workload's rate_per_s) and --concurrency (closed loop of that many users).
+--rates (open loop: the workload's rate_per_s; a replayed trace's speedup) and --concurrency (closed loop of
+that many users; a trace's requests in file order, its arrivals ignored).
 A request meets the SLO iff TTFT <= ttft_ms and EVERY inter-token gap <= itl_ms (never a mean);
 capacity[mode] = the highest swept load whose mean attainment over seeds, and every lower load's,
 is >= --attainment. --out DIR writes sweep.json, index.html and PNGs; every finished sweep is also
@@ -49,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     parser.add_argument("name", metavar="NAME|PATH", help="a shipped scenario or a scenario .toml with a [workload]")
-    parser.add_argument("--rates", metavar="R1,R2,...", help="open-loop rates to sweep (requests/s, > 0)")
+    parser.add_argument("--rates", metavar="R1,R2,...",
+                        help="open-loop rates to sweep (requests/s, > 0); for a replayed trace, speed-ups (2 = twice "
+                             "as fast as the file)")
     parser.add_argument("--concurrency", metavar="C1,C2,...", help="closed-loop users to sweep (whole numbers >= 1)")
     parser.add_argument("--mode", metavar="burst|slice|fused|cost|all",
                         help="scheduler mode(s) (default all; with --target: the server's own)")
@@ -143,6 +146,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     points.check_sweepable(scen, kind)
     for warning in runner.gate_warnings([scen]):  # the configs are built here, from this environment
         print(f"warning: {warning}", file=sys.stderr)
+    for note in scen.workload.notes if scen.workload else ():  # rows a replayed trace left out
+        print(f"note: {note}", file=sys.stderr)
     if args.cost is not None:
         if args.target:
             raise SweepError(f"--cost {args.cost} prices the virtual-time mock, and a --target sweep measures the "
@@ -199,6 +204,8 @@ def result(s: Settings, done: list[dict], target: str | None = None) -> dict:
         out["target"] = target
     if s.cost:
         out["cost_profile"] = s.cost
+    if s.load_kind == "rate" and s.scenario.workload is not None and s.scenario.workload.trace:
+        out["load_unit"] = "speedup"  # a replayed trace: each rate is how many times faster than the file
     return {**out, "points": done, "summary": points.summary(done), "capacity": points.capacity(done, s.attainment)}
 
 
@@ -208,6 +215,8 @@ def dumps(sweep: dict) -> str:
 
 # -- the terminal ---------------------------------------------------------------------------
 def unit(sweep: dict) -> str:
+    if sweep.get("load_unit") == "speedup":
+        return "x"
     return "req/s" if sweep["load_kind"] == "rate" else "users"
 
 

@@ -10,13 +10,10 @@ per sample name with every label set summed, of each counter (a `counter` family
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import deque
 from collections.abc import Sequence
 
 from harness.live import client
-from harness.live.http_target import TIMEOUT_S, Streamed, Target, request_body, run_together, warm_up
+from harness.live.http_target import Target, drive, run_closed, warm_up  # noqa: F401 - run_closed: the one driver
 from harness.sweep.dispatch import OnDone
 from harness.sweep.points import SweepError, Task, Timed, point
 
@@ -99,52 +96,13 @@ def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> di
             for name, value in sorted(after.items())}
 
 
-def run_closed(target: Target, specs: Sequence, looped: set[str], concurrency: int, start_ms: float, seed: int,
-               model: str | None) -> list[Streamed]:
-    """`concurrency` users from start_ms, each streaming the next unsent looped request when its last
-    one ends; the other requests go at their own arrival offsets."""
-    outs = [Streamed(spec) for spec in specs]
-    unsent = deque(o for o in outs if o.spec.id in looped)
-    origin = time.perf_counter_ns()
-
-    def at(ms: float) -> None:
-        delay = ms / 1e3 - (time.perf_counter_ns() - origin) / 1e9
-        if delay > 0:
-            time.sleep(delay)
-
-    def user() -> None:
-        at(start_ms)
-        while True:
-            try:
-                out = unsent.popleft()  # atomic: two users never take the same request
-            except IndexError:
-                return
-            target.stream(request_body(out.spec, seed, model), out, origin)
-
-    def fixed(out: Streamed) -> None:
-        at(out.spec.arrival_ms)
-        target.stream(request_body(out.spec, seed, model), out, origin)
-
-    threads = [threading.Thread(target=user, daemon=True) for _ in range(min(concurrency, len(unsent)))]
-    threads += [threading.Thread(target=fixed, args=(o,), daemon=True) for o in outs if o.spec.id not in looped]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(TIMEOUT_S * max(1, len(outs)))
-    return outs
-
-
 def run_live_point(server: Server, task: Task) -> dict:
     scen = task.scenario
     workload = scen.workload
     assert workload is not None
     specs = scen.specs(task.seed)
     before = server.settled() if server.has_metrics else None
-    if workload.is_closed:
-        outs = run_closed(server.target, specs, set(workload.ids()), workload.concurrency or 1, workload.start_ms,
-                          task.seed, server.model)
-    else:
-        outs = run_together(server.target, specs, task.seed, server.model)
+    outs = drive(server.target, specs, workload, task.seed, server.model)
     after = server.settled() if server.has_metrics else None
     timed = [Timed(o.spec.id, o.sent_ms, o.token_times_ms, o.is_speculative, o.error) for o in outs]
     return point(task, timed, metrics_delta=delta(before, after))

@@ -58,9 +58,6 @@ def check_sweepable(scen: Scenario, kind: str) -> None:
     if workload is None:
         raise SweepError(f"scenario {scen.name!r} has no [workload], so it cannot be swept: a sweep sets the "
                          "workload's rate_per_s (--rates) or concurrency (--concurrency); add a [workload] table")
-    if workload.arrival == "trace":
-        raise SweepError(f"scenario {scen.name!r} replays a trace, whose file fixes every arrival: it cannot be "
-                         "swept; sweep a generated workload (arrival = poisson, gamma, constant or closed)")
     if kind == "rate" and workload.is_closed:
         raise SweepError(f"--rates: scenario {scen.name!r} is a closed loop (arrival = \"closed\") and --rates "
                          "sets an open loop's rate_per_s; use --concurrency, or an open-loop arrival "
@@ -68,10 +65,13 @@ def check_sweepable(scen: Scenario, kind: str) -> None:
 
 
 def at_load(scen: Scenario, kind: str, load: int | float) -> Scenario:
-    """The scenario with its workload at this load: an open loop at `load` requests/s, or a closed
-    loop of `load` users (an open-loop workload becomes closed; its other draws are kept)."""
+    """The scenario with its workload at this load: an open loop at `load` requests/s (a replayed
+    trace: `load` times as fast, its speedup), or a closed loop of `load` users (an open-loop
+    workload or a trace becomes closed; its other draws, or the trace's lengths, are kept)."""
     workload = scen.workload
     assert workload is not None
+    if kind == "rate" and workload.trace:
+        return replace(scen, workload=replace(workload, speedup=float(load)))
     if kind == "rate":
         return replace(scen, workload=replace(workload, rate_per_s=float(load)))
     return replace(scen, workload=replace(workload, arrival="closed", concurrency=int(load), rate_per_s=None,
@@ -134,6 +134,9 @@ def figures(timed: Sequence[Timed], slo: Slo) -> dict:
         "met": met,
         "slo_misses": {cause: sum(cause in c for c in causes) for cause in MISS_CAUSES},
         "span_s": span_ms / 1000.0,
+        # what each percentile was computed over (coopsched compare's sample-size rule)
+        "samples": {"classic_gaps": sum(len(r.gaps_ms) for t, r in zip(timed, timings) if not t.speculative),
+                    "ttft": sum(r.ttft_ms is not None for r in timings)},
     }
     return {k: _round(v) for k, v in out.items()}
 

@@ -60,6 +60,8 @@ def test_bare_headless_run_stops_by_itself_and_passes_in_slice_mode(tmp_path):
     assert report["requests"]["classic"] > 0 and report["requests"]["spec"] > 0
     assert report["samples"]["classic"] > 100 and report["samples"]["spec"] > 100
     assert report["bound_ms"] == 35.0 and report["calibration"] == "costs"  # decode 5 + round 30, from /health
+    assert {c["name"]: c["ok"] for c in report["checks"]} == {
+        "classic_itl_p99": True, "classic_itl": True, "failures": True, "locust_failures": True}
     # a gap over a limit is noise (counted at the limit): no stream got more than one round in it
     assert report["classic_itl_p99_charged_ms"] <= report["p99_limit_ms"]
     assert report["classic_itl_max_charged_ms"] <= report["gap_limit_ms"]
@@ -99,6 +101,7 @@ def test_a_kind_without_samples_is_neither_pass_nor_fail(tmp_path):
     code, report, output = run_locust(tmp_path, "--headless", "--only-summary", "-u", "1", "-t", "3s", "ClassicUser")
     assert code == 2, output[-3000:]
     assert report["ok"] is None and report["verdict"] == "no samples" and report["missing"] == ["spec"]
+    assert [c["name"] for c in report["checks"] if c.get("skipped")] == ["classic_itl"]  # a skip, never a pass
     assert report["samples"]["classic"] > 0 and "spec" in report["rule"]
 
 

@@ -1,4 +1,4 @@
-"""Issue 7 on the scenarios, in virtual time: fused and cost bounds, parity, throughput vs the burst,
+"""Fused and cost modes on the scenarios, in virtual time: fused and cost bounds, parity, throughput vs the burst,
 and proof that each new check fails on what it guards against."""
 
 import json
@@ -8,10 +8,10 @@ import pytest
 from coopsched.cli import main as cli
 from coopsched.core import MODES
 from harness.run import bounds, runner, scenario, trace_json
-from harness.run import checks as checks_module
 from harness.run.bounds import terms_of
 from harness.run.scenario import SCENARIO_DIR
 from harness.run.summary import summary_row
+from harness.verdict import virtual
 from mocks import CostModel, MockBackend
 
 HOL_SCENARIOS = ("concurrency2", "many-classic")
@@ -100,7 +100,7 @@ def test_fused_bound_fails_on_a_burst_or_an_alternating_run(name, impostor):
     scen = scenario.load(name)
     run = _as_mode(runner.execute(scen, runner.scenario_config(scen, impostor)), "fused")
     verdict = bounds.fused_gap_check(run, terms_of(run))
-    assert verdict["holds"] is False and verdict["value"] > verdict["bound"]
+    assert verdict.holds is False and verdict.value > verdict.bound
 
 
 def test_fused_bound_fails_when_the_forward_is_not_fused(monkeypatch):
@@ -117,7 +117,7 @@ def test_budget_bound_fails_on_a_burst_or_on_slices_under_a_tight_budget(name, i
     scen = scenario.load(name)
     run = _as_mode(runner.execute(scen, runner.scenario_config(scen, impostor)), "cost", hol_budget_ms=20.0)
     verdict = bounds.budget_gap_check(run, terms_of(run))
-    assert verdict["holds"] is False  # slice: decode + one K = 4 round is 25 ms or more > 20 ms
+    assert verdict.holds is False  # slice: decode + one K = 4 round is 25 ms or more > 20 ms
 
 
 def test_budget_bound_fails_when_the_arbiter_ignores_the_budget(monkeypatch):
@@ -135,8 +135,8 @@ def test_throughput_check_fails_when_fusing_costs_throughput(monkeypatch):
     scen = scenario.load("concurrency2")
     burst = runner.execute(scen, runner.scenario_config(scen, "burst"))
     slow = runner.execute(scen, runner.scenario_config(scen, "burst"), backend_factory=_slower(1.1))
-    (verdict,) = checks_module.throughput_checks(_as_mode(slow, "fused"), burst)
-    assert verdict["holds"] is False and verdict["value"] == pytest.approx(1 / 1.1, rel=1e-3)
+    verdict = virtual.throughput_vs_burst(virtual.Context.of(_as_mode(slow, "fused"), burst=burst))
+    assert verdict.holds is False and verdict.value == pytest.approx(1 / 1.1, rel=1e-3)
 
     # a combined forward that costs more than its parts (every position priced at decode(B) x width)
     def padded(self, decode_rows, verify_rows):
@@ -216,6 +216,6 @@ def test_throughput_is_gated_in_virtual_time_only():
     slow = _as_mode(runner.execute(scen, runner.scenario_config(scen, "burst"), backend_factory=_slower(1.5)),
                     "fused")
     slow.clock_kind = "real"
-    (verdict,) = checks_module.throughput_checks(slow, burst)
-    assert verdict.get("skipped") and "0.667" in verdict["note"]
+    verdict = virtual.throughput_vs_burst(virtual.Context.of(slow, burst=burst))
+    assert verdict.skipped and verdict.ok is None and "0.667" in verdict.note
     assert slow.extra["ratio_to_burst"] == pytest.approx(1 / 1.5, rel=1e-3)

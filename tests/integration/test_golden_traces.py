@@ -6,7 +6,8 @@ its own gap, decode at the largest decode batch); each time a check showed nothi
 once more when a tick that only parks a waiter stopped ending HOL waits (only
 `observability.hol_wait_ms` of rotation and parity-b1 in slice mode moved), when sliced runs gained
 the `rounds_per_slice` check, and when a request that arrives during a tick began to wait from its
-arrival (only `bursts[].hol_waiters` and `observability` moved).
+arrival (only `bursts[].hol_waiters` and `observability` moved). Then when the legacy burst's
+`rotation` check stopped being skipped and became one it must fail (only that check moved).
 
 Regenerate only on purpose (a behaviour change someone decided on), with
 `python tests/integration/test_golden_traces.py` and a commit message that says why.

@@ -108,14 +108,14 @@ def test_a_round_tick_that_runs_the_whole_request_fails_even_on_measured_terms(m
     that ran every remaining round sets its own bound; rounds_per_slice counts rounds, not ms."""
     from coopsched.core import TickKind
     from coopsched.core.scheduler import Scheduler
-    from harness.run.checks import evaluate
+    from harness.verdict.virtual import evaluate
     monkeypatch.setattr(Scheduler, "_keeps_slot", lambda self, plan: plan.kind in (TickKind.BURST, TickKind.ROUND))
     scen = scenario.load("concurrency2")
     run = runner.execute(scen, runner.scenario_config(scen, "slice"))
     run.cost = None  # the real-backend path: terms from measured ticks
-    checks = {c["name"]: c for c in evaluate(run, classic=None, burst=None)}
-    assert checks["burst_wall"]["ok"]  # ... which a whole-request tick passes by construction
-    assert not checks["rounds_per_slice"]["ok"] and checks["rounds_per_slice"]["value"] > 1
+    checks = {c.name: c for c in evaluate(run, classic=None, burst=None)}
+    assert checks["burst_wall"].ok  # ... which a whole-request tick passes by construction
+    assert not checks["rounds_per_slice"].ok and checks["rounds_per_slice"].value > 1
 
 
 def test_the_decode_term_is_the_largest_batch_a_decode_served(tmp_path):

@@ -18,8 +18,8 @@ from coopsched.clock import ManualClock
 from coopsched.core import FinishReason, Request, Scheduler, SchedulerConfig
 from coopsched.executor import BackendError
 from harness.sim.faults import ANY, Fault, FaultyBackend, InjectedFault
-from harness.sim.invariants import Checked, InvariantError, reference_tokens
-from mocks import CostModel, MockBackend, MockDrafter, MockTarget
+from harness.sim.invariants import Checked, InvariantError
+from mocks import CostModel, MockBackend, MockDrafter, MockTarget, oracle
 
 PROMPT = tuple(range(65, 71))
 
@@ -47,7 +47,7 @@ def outcome(checked: Checked) -> dict[str, FinishReason]:
 def assert_reference(checked: Checked, *seq_ids: str) -> None:
     for seq_id in seq_ids:
         request = checked.submitted[seq_id]
-        assert request.output_token_ids == reference_tokens(checked.mock, request)
+        assert (request.output_token_ids, request.finish_reason) == oracle.expected(checked.mock.target, request)
 
 
 # -- scripted faults ------------------------------------------------------------

@@ -144,7 +144,6 @@ def test_explicit_requests_beside_the_workload_keep_their_arrivals(tmp_path):
 
 # -- could not run: one line, exit 2 ---------------------------------------------------------------
 CLOSED = '[workload]\nnum_requests = 5\narrival = "closed"\nconcurrency = 2\n'
-TRACE = '[workload]\ntrace = "t.jsonl"\n'
 DEAD_PORT = free_port()  # nothing listens there
 
 BAD = [  # id, arguments after the scenario (None: the mixed file), fragments of the one line
@@ -200,7 +199,6 @@ SCENARIOS = [  # id, scenario text (None: a shipped name), arguments, fragments
                                                        "cannot be swept"]),
     ("rates-on-a-closed-loop", CLOSED, ["--rates", "2"], ["--rates: scenario 'x' is a closed loop",
                                                           "use --concurrency"]),
-    ("a-replayed-trace", TRACE, ["--concurrency", "2"], ["scenario 'x' replays a trace", "cannot be swept"]),
     ("unknown-scenario", "no-such-scenario", ["--rates", "2"], ["unknown scenario 'no-such-scenario'"]),
     ("bad-workload", MIXED.replace("rate_per_s = 8", "rate_per_s = 0"), ["--rates", "2"], ["rate_per_s = 0"]),
 ]

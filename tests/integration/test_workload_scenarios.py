@@ -185,11 +185,11 @@ def test_replay_reproduces_the_file(tmp_path):
     lines = [json.dumps(line) for line in REPLAY]
     (tmp_path / "traces").mkdir()
     (tmp_path / "traces" / "t.jsonl").write_text("\n".join(lines[:2]) + "\n\n   \n" + "\n".join(lines[2:]) + "\n")
-    scen = Scenario.load(write(tmp_path, '[workload]\ntrace = "traces/t.jsonl"\nmax_tokens = 9\n'))
+    scen = Scenario.load(write(tmp_path, '[workload]\ntrace = "traces/t.jsonl"\nmax_tokens = 25\n'))
     done = run(scen)
     assert [r.id for r in done.requests] == ["w0000", "w0001", "w0002", "w0003"]
     assert [r.arrival_ms for r in done.requests] == [line["arrival_ms"] for line in REPLAY]
-    assert [r.max_tokens for r in done.requests] == [20, 9, 7, 40]  # the missing one: the workload's
+    assert [r.max_tokens for r in done.requests] == [20, 25, 7, 25]  # the missing one and the 40: the cap
     assert [r.speculative for r in done.requests] == [True, False, True, False]
     assert bytes(done.requests[1].prompt_token_ids) == b"Hello, world"
     assert [len(r.prompt_token_ids) for r in done.requests] == [12, 12, 30, 5]
@@ -266,8 +266,8 @@ BAD = [  # id, scenario text, files beside it, fragments the message must hold
      {"t.jsonl": '{"arrival_ms": 0, "prompt": "hi", "id": 3}\n'},
      ["t.jsonl:1: unknown key 'id'", "accepted: arrival_ms"]),
     ("trace-empty", '[workload]\ntrace = "t.jsonl"\n', {"t.jsonl": "\n\n"}, ["t.jsonl holds no requests"]),
-    ("trace-and-generation", '[workload]\ntrace = "t.jsonl"\nnum_requests = 3\n',
-     {"t.jsonl": '{"arrival_ms": 0, "prompt": "hi"}\n'}, ["drop num_requests"]),
+    ("trace-and-generation", '[workload]\ntrace = "t.jsonl"\narrival = "poisson"\n',
+     {"t.jsonl": '{"arrival_ms": 0, "prompt": "hi"}\n'}, ["drop arrival"]),
     ("no-requests-at-all", 'description = "nothing"\n', {}, ["no [[requests]] and no [workload]"]),
     ("invalid-toml", "[workload\n", {}, ["not valid TOML"]),
     ("unknown-top-key", SMALL + "[[request]]\nid = 'x'\n", {}, ["unknown key 'request'", "[[requests]]"]),

@@ -1,4 +1,4 @@
-"""Issue 7 on a real transformer: fused ticks (classic decode rows and speculative verify rows in
+"""Fused mode on a real transformer: fused ticks (classic decode rows and speculative verify rows in
 one tick: split into a decode and a verify forward, or ONE padded forward with per-row lengths and
 per-row rollback) emit exactly mlx-lm's greedy tokens; so does the cost-mode arbiter, whatever K it
 picks per round."""

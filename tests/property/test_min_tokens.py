@@ -1,6 +1,7 @@
 """min_tokens and ignore_eos on the mock: EOS is never sampled as output token i < min_tokens (never at
 all with ignore_eos), the target decides per verify position, and speculation changes no token in any
-mode, whether or not the drafter knows the rule; a stop string counts only from min_tokens on (vLLM's rule)."""
+mode, whether or not the drafter knows the rule; a stop string counts only from min_tokens on (vLLM's rule).
+Outputs are judged by the one reference oracle (mocks.oracle)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from hypothesis import strategies as st
 
 from coopsched.clock import ManualClock
 from coopsched.core import FinishReason, Request, RequestError, SamplingParams
-from mocks import ByteTokenizer, CostModel, MockBackend, MockDrafter, MockTarget
-from mocks.model import context_hash, extend_hash
+from mocks import ByteTokenizer, CostModel, MockBackend, MockDrafter, MockTarget, oracle
 
 MODES = ["burst", "slice", "fused", "cost"]
 PROMPT = (70, 71, 72)
@@ -35,24 +35,6 @@ def serve(requests: list[Request], speculative: bool, backend: MockBackend, **co
     result = make_engine(backend, **config).run(fresh)
     assert backend.num_live == 0
     return {r.id: (r.output_token_ids, r.finish_reason) for r in fresh}, result
-
-
-def reference(target: MockTarget, request: Request) -> list[int]:
-    """The target alone, token by token, with the rule written out here (not the backend's)."""
-    prompt, sampling = list(request.prompt_token_ids), request.sampling
-    context, h, out = list(prompt), context_hash(prompt), []
-    while len(out) < request.max_tokens:
-        suppress = sampling.ignore_eos or len(out) < sampling.min_tokens
-        token = target.next_token(context, h, len(prompt), sampling.temperature, sampling.seed, suppress)
-        if token == target.eos_token_id:
-            break
-        out.append(token)
-        context.append(token)
-        h = extend_hash(h, token)
-        # vLLM's stop rule: from min_tokens on, a stop string ending in the new token's text (one char each)
-        if request.stop and len(out) >= sampling.min_tokens and any(text(out).endswith(s) for s in request.stop):
-            break
-    return out
 
 
 @st.composite
@@ -85,7 +67,7 @@ def test_min_tokens_parity_and_lengths(reqs, mode, block_size, eos_rate, accept_
     target = MockTarget(eos_rate=eos_rate)
     for r in reqs:
         tokens, reason = spec[r.id]
-        assert tokens == reference(target, r), r.id
+        assert (tokens, reason) == oracle.expected(target, r), r.id
         stopped_by_string = reason is FinishReason.STOP and any(s in text(tokens) for s in r.stop)
         if r.sampling.ignore_eos and not stopped_by_string:
             assert len(tokens) == r.max_tokens and reason is FinishReason.LENGTH

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coopsched.core import MODES, Request
-from mocks import MockTarget
+from mocks import MockTarget, oracle
 
 prompts = st.lists(st.integers(32, 126), min_size=1, max_size=20).map(tuple)
 scripts = st.lists(st.integers(0, 7), max_size=12)
@@ -32,7 +32,7 @@ def test_b1_parity(prompt, max_tokens, block_size, script, eos_rate, mode, stop)
     kwargs = dict(block_size=block_size, scripts_by_id={"s": script}, eos_rate=eos_rate, mode=mode, batch=False)
     spec, scheduler = serve(requests, True, **kwargs)
     classic, _ = serve(requests, False, **kwargs)
-    assert spec["s"][:2] == classic["s"][:2]
+    assert spec["s"][:2] == classic["s"][:2] == oracle.expected(MockTarget(eos_rate=eos_rate), requests[0])
     assert spec["s"][2] is True and classic["s"][2] is False
     (record,) = scheduler.scheduler.obs.bursts
     assert record.accepted_draft_tokens <= record.drafted_tokens == record.rounds * (block_size - 1)
@@ -52,6 +52,8 @@ def test_batched_window_parity(prompt_len, max_tokens, block_size, rows, row_scr
     spec, scheduler = serve(requests, True, **kwargs)
     classic, _ = serve(requests, False, **kwargs)
     assert {k: v[:2] for k, v in spec.items()} == {k: v[:2] for k, v in classic.items()}
+    assert {r.id: oracle.expected(MockTarget(eos_rate=eos_rate), r) for r in requests} == {
+        k: v[:2] for k, v in spec.items()}
     assert len(scheduler.scheduler.obs.grant_log[0].split(",")) == rows  # one window held every row
 
 

@@ -1,4 +1,4 @@
-"""Cost mode (issue 7): the cost estimator, the arbiter's choices, the ms budget, parity, no starvation."""
+"""Cost mode: the cost estimator, the arbiter's choices, the ms budget, parity, no starvation."""
 
 import itertools
 from collections import Counter

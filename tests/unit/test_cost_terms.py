@@ -1,4 +1,4 @@
-"""The fidelity terms of the cost model (issue 13): each default reproduces the earlier costs exactly;
+"""The fidelity terms of the cost model: each default reproduces the earlier costs exactly;
 padding, the path switch, fitted jitter and a whole-round term change costs as documented."""
 
 import json
@@ -127,7 +127,7 @@ def test_prefill_neither_pays_nor_resets_the_switch():
 
 
 def test_a_switch_widens_the_slice_bound_by_two_switches():
-    from harness.run.checks import terms_of
+    from harness.run.bounds import terms_of
 
     scen = scenario.load("concurrency2")
     plain = terms_of(runner.execute(scen, runner.scenario_config(scen, "slice")))

@@ -1,4 +1,4 @@
-"""Fused mode (issue 7): the policy table, the mock's fused forward, exact gaps, parity, HOL books."""
+"""Fused mode: the policy table, the mock's fused forward, exact gaps, parity, HOL books."""
 
 import pytest
 from factories import make_backend, make_engine, serve_both_ways, token_times

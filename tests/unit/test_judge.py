@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from coopsched.cli import main as coopsched
-from harness.run import judge
+from harness.judge import cli as judge
 from harness.run.slo import RequestTiming, Slo, SloError, evaluate, meets, parse_attainment, parse_slo
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "judge"

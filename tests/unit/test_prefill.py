@@ -1,4 +1,4 @@
-"""Chunked and batched prefill (issue 12): spans, tick kinds, exact virtual-time gaps, the mock's price."""
+"""Chunked and batched prefill: spans, tick kinds, exact virtual-time gaps, the mock's price."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""Slot rotation (upstream #746): grant logs pinned for G = 1, 2, 8 with two and three contenders.
+"""Slot rotation: grant logs pinned for G = 1, 2, 8 with two and three contenders.
 
 With G = 1 or 2 the third contender finds the backlog at its cap (an expired job
 parks before the next grant) and is served classically: pinned, as upstream.

@@ -125,3 +125,29 @@ def test_eos_never_committed_mid_round():
     request = Request("s", PROMPT, max_tokens=64)
     scheduler.run([request])
     assert request.output_token_ids == [7, 8] and request.finish_reason is FinishReason.STOP
+
+
+@pytest.mark.parametrize("mode", ["slice", "burst"])
+def test_a_failed_rewind_ends_only_its_row_with_the_error(mode):
+    """The target cache of a row whose rewind failed is wrong: the row ends with the error before
+    its next round; the classic row and its slot are untouched."""
+    backend = make_backend(accept_prob=0.0)  # every round rejects drafts: every round rewinds
+    rewind = backend.rewind
+
+    def failing(seq_id, num_tokens):
+        if seq_id == "s":
+            raise RuntimeError("cache trim failed")
+        rewind(seq_id, num_tokens)
+    backend.rewind = failing
+    engine = make_engine(backend, mode=mode)
+    spec, classic = Request("s", PROMPT, max_tokens=20), Request("c", PROMPT, max_tokens=6, speculative=False)
+    result = engine.run([spec, classic])
+    healthy = Request("s", PROMPT, max_tokens=20)
+    make_engine(make_backend(accept_prob=0.0), mode=mode).run([healthy])
+    assert spec.output_token_ids == healthy.output_token_ids[: len(spec.output_token_ids)]  # no round on a bad cache
+    assert spec.finish_reason is FinishReason.ERROR and "cache trim failed" in spec.error
+    assert 0 < len(spec.output_token_ids) < 20 and classic.finish_reason is FinishReason.LENGTH
+    streamed = [t for e in result.events if e.seq_id == "s" for t in e.token_ids]
+    assert streamed == spec.output_token_ids
+    assert [e.finish_reason for e in result.events if e.seq_id == "s" and e.finish_reason] == [FinishReason.ERROR]
+    assert engine.scheduler.kv.num_in_use == 0 and backend.num_live == 0

@@ -127,14 +127,16 @@ def test_on_client_arrivals_a_fast_stream_may_keep_its_pace_for_the_wait_limit()
     classic = [0.0, 150.0]
     fast = [2.0 + 3.0 * i for i in range(20)] + [150.0] * 30  # 3 ms per token, then 30 buffered events
     c, f = stream("classic", classic), stream("fast", fast)
-    paced = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([stream("alone", [3.0 * i for i in range(9)])]))
+    paced = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([stream("alone", [3.0 * i for i in range(1, 10)])]))
     assert paced.pace_ms == 3.0
     assert judge([stalls.Wait(c, 1, 60.0)], [c, f], paced)[1] == [("hol", 50)]  # 50 > 1 + 1 + 1 + 60 / 3
-    serialized = [stalls.Wait(c, 1, 60.0)]
-    short = stream("fast", [2.0 + 3.0 * i for i in range(18)])
-    assert judge(serialized, [c, short], paced)[1] == [("noise", 18)]
-    assert "plus one token per 3.00 ms" in paced.describe(stalls.CLIENT)
-    bunched = stream("alone", [0.0, 0.01, 0.02, 9.0, 9.01, 9.02, 18.0])  # events read in bunches: the mean counts
+    paced_along = stream("fast", [-88.0 + 3.0 * i for i in range(48)], sent_ms=-100.0)  # 18 of its 48 in the wait
+    assert judge([stalls.Wait(c, 1, 60.0)], [c, paced_along], paced)[1] == [("noise", 18)]
+    # ... but a whole reply inside one wait is a burst at any pace: the pace excuses at most 40% of it
+    whole = stream("fast", [2.0 + 3.0 * i for i in range(18)])
+    assert judge([stalls.Wait(c, 1, 60.0)], [c, whole], paced)[1] == [("hol", 18)]
+    assert "3.00) of the wait in a gap, at most 40% of that stream's tokens" in paced.describe(stalls.CLIENT)
+    bunched = stream("alone", [3.0, 3.01, 3.02, 12.0, 12.01, 12.02, 21.0])  # events read in bunches: the mean counts
     assert stalls.pace_ms([bunched]) == 3.0
 
 
@@ -159,3 +161,160 @@ def test_a_backlog_made_before_a_wait_is_not_evidence_against_it():
     s = stream("spec", spec, kind="spec")
     waits = [stalls.Wait(newcomer, 0, 86.5)]
     assert judge(waits, [newcomer, s], stalls.Rule(tokens_per_round=1, pace_ms=2.0))[1] == [("noise", 1)]
+
+
+# -- servers that report nothing: the pace comes from a stream's whole life ------------------------------
+def burst_behind_a_silent_server():
+    """The legacy burst on client arrivals: classic tokens every 5 ms, then the speculative request's
+    whole 96-token reply in one lump 1000 ms after it was sent, inside one classic gap."""
+    classic = [5.0 * i for i in range(1, 9)] + [1045.0 + 5.0 * i for i in range(8)]
+    spec = [1040.0 + 0.01 * i for i in range(96)]
+    return stream("classic", classic, sent_ms=0.0), stream("spec", spec, kind="spec", sent_ms=40.0)
+
+
+def test_a_reply_that_arrived_in_one_lump_alone_paces_at_its_whole_life():
+    alone = stream("spec", [1000.0 + 0.01 * i for i in range(96)], kind="spec", sent_ms=0.0)
+    assert stalls.pace_ms([alone]) == pytest.approx(1000.95 / 96)  # sent -> last token, not 0.01 ms a token
+    split = stream("spec", [1000.0 + 0.6 * i for i in range(96)], kind="spec")  # the lump split under load
+    assert stalls.pace_ms([split]) == pytest.approx(1057.0 / 96)
+    classic_alone = stream("classic", [5.0 * i for i in range(1, 129)])
+    assert stalls.paces_by_kind([alone, classic_alone]) == (("classic", 5.0),
+                                                            ("spec", pytest.approx(10.427, abs=0.001)))
+
+
+def test_the_legacy_burst_fails_behind_a_server_that_reports_nothing():
+    c, s = burst_behind_a_silent_server()
+    alone = stream("spec", [1000.0 + 0.01 * i for i in range(96)], kind="spec")
+    waits = stalls.waits_of(c, 40.0)
+    rule = stalls.Rule(tokens_per_round=1, pace_ms=stalls.pace_ms([alone]))
+    _, verdicts = judge(waits, [c, s], rule)
+    gap = waits[7]  # token 8: the gap the whole reply arrived in
+    assert gap.index == 8 and gap.ms == 1005.0 and gap.verdict == "hol" and gap.by == "spec" and gap.evidence > 90
+    assert gap.allowance == 1 + 1 + 1 + 39  # its whole 1005 ms at 10.4 ms a token, capped at 40% of 96
+    assert [v for v, _ in verdicts].count("hol") == 1
+    # planted: the pace of the old rule (first to last token of the lump) excused the burst as noise
+    lump_pace = (alone.arrivals_ns[-1] - alone.arrivals_ns[0]) / 1e6 / 95
+    old = stalls.Rule(tokens_per_round=1, pace_ms=lump_pace)
+    waits = stalls.waits_of(c, 40.0)
+    stalls.judge(waits, [c, s], old)
+    assert waits[7].verdict == "hol"  # ... and even so, the cap of 40% of a reply now holds it
+    assert old.allowance(stalls.CLIENT, limit_ms=40.0) > 3900  # what it excused without the cap
+    assert old.allowance(stalls.CLIENT, limit_ms=40.0, kind="spec", num_tokens=96) == 3 + 39
+
+
+def test_each_kind_is_excused_at_its_own_pace():
+    """A fast classic stream's pace does not excuse a slower speculative stream's tokens."""
+    c, s = burst_behind_a_silent_server()
+    rule = stalls.Rule(tokens_per_round=1, pace_ms=0.5, paces=(("classic", 0.5), ("spec", 10.0)))
+    waits = stalls.waits_of(c, 40.0)
+    stalls.judge(waits, [c, s], rule)
+    assert waits[7].verdict == "hol" and waits[7].by == "spec" and waits[7].allowance == 3 + 39
+    assert rule.allowance(stalls.CLIENT, limit_ms=40.0, kind="spec") == 3 + 4
+    assert rule.allowance(stalls.CLIENT, limit_ms=40.0, kind="classic") == 3 + 80
+    assert rule.allowance(stalls.CLIENT, limit_ms=40.0, kind="other") == 3 + 80  # unknown kind: pace_ms
+    assert rule.allowance(stalls.SERVER, limit_ms=40.0, kind="spec") == 2  # the tick timeline needs no pace
+
+
+def test_slice_alternation_behind_a_silent_server_is_not_charged_even_when_frozen():
+    """Slice mode on client arrivals: a classic token, then a round of 4 read as one lump; the reader
+    froze 150 ms once and read both backlogs at once: noise, at the paces measured alone."""
+    classic, spec = [], []
+    for i in range(1, 40):
+        shift = 150.0 if i >= 20 else 0.0
+        classic.append((35.0 * i + shift) if i != 20 else 35.0 * 20 + 150.0)
+        spec += [35.0 * i - 5 + shift + 0.01 * k for k in range(4)]
+    spec = sorted(t if not (35.0 * 19 < t < 35.0 * 20 + 150) else 35.0 * 20 + 149.9 for t in spec)
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=25.0)
+    rule = stalls.Rule(tokens_per_round=4, paces=(("classic", 5.5), ("spec", 11.0)))
+    waits = stalls.waits_of(c, 65.0)
+    line, verdicts = judge(waits, [c, s], rule)
+    assert line == stalls.CLIENT and all(v != "hol" for v, _ in verdicts)
+    assert sum(v == "noise" for v, _ in verdicts) >= 1
+
+
+def test_a_fast_stream_resuming_after_a_burst_is_not_a_catch_up():
+    """At 0.3 ms a token the classic stream's tokens after the burst arrive under 0.5 ms apart: with
+    the lump at a quarter of its own pace they are its next tokens, not a backlog that excuses the burst."""
+    classic = [0.5 * i for i in range(1, 21)] + [110.0 + 0.35 * i for i in range(60)]
+    spec = [109.0 + 0.01 * i for i in range(96)]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=5.0)
+    paced = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.5), ("spec", 1.0)))
+    waits = stalls.waits_of(c, 40.0)
+    stalls.judge(waits, [c, s], paced)
+    gap = waits[19]
+    assert gap.ms == 100.0 and gap.caught_up == 1 and gap.verdict == "hol" and gap.evidence > 90
+    # planted: a pace-blind lump of 0.5 ms takes its 60 next tokens for a catch-up and calls the burst noise
+    blind = stalls.Rule(tokens_per_round=1, paces=(("classic", 4.0), ("spec", 1.0)))
+    waits = stalls.waits_of(c, 40.0)
+    stalls.judge(waits, [c, s], blind)
+    assert waits[19].caught_up == 60 and waits[19].verdict == "noise"
+    assert stalls.lump_ns(0.5) == 125_000 and stalls.lump_ns(None) == stalls.lump_ns(40.0) == 500_000
+
+
+def test_a_catch_up_offsets_only_what_was_read_with_it():
+    """Under load the classic stream's tokens after a burst reached the client 50 ms after the burst's
+    lump, as one backlog: a frozen reader reads every backlog at once, so that catch-up does not excuse
+    a lump read long before it (on a frozen reader both arrive together: test above)."""
+    classic = [10.0, 100.0] + [420.0 + 0.01 * i for i in range(42)]
+    spec = [367.0 + 0.01 * i for i in range(96)]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=43.0)
+    rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.68), ("spec", 2.0)))
+    waits = stalls.waits_of(c, 118.0)
+    stalls.judge(waits, [c, s], rule)
+    gap = waits[1]
+    # 96 x 267 / 324 of the lump in the gap, none of it offset (was 79 - 41 = 38, against 35 allowed)
+    assert gap.caught_up == 42 and gap.verdict == "hol" and gap.evidence == 79
+    together = stream("spec", [419.0 + 0.01 * i for i in range(96)], kind="spec", sent_ms=43.0)  # read with it
+    waits = stalls.waits_of(c, 118.0)
+    stalls.judge(waits, [c, together], rule)
+    assert waits[1].evidence == round(96 * 319 / 376) - 41  # the catch-up offsets what was read with it
+
+
+def test_a_ttft_may_hold_a_fast_stream_at_its_pace_beyond_a_third_of_its_reply():
+    """A request's TTFT includes the server's admission path; a fast classic stream streaming at its
+    pace meanwhile is not a burst (a gap holding as much would be: the cap holds in gaps)."""
+    classic = [0.6 * i for i in range(1, 129)]
+    newcomer = stream("spec", [57.0, 58.0], kind="spec", sent_ms=5.0)
+    c = stream("classic", classic)
+    rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.6), ("spec", 1.0)))
+    ttft = [stalls.Wait(newcomer, 0, 50.0)]
+    stalls.judge(ttft, [c, newcomer], rule)
+    assert ttft[0].evidence == 87 and ttft[0].verdict == "noise" and ttft[0].allowance == 3 + 84
+    # planted: as many tokens in a gap are capped at 40% of the reply
+    waiting = stream("waiting", [4.0, 60.0], kind="classic", sent_ms=3.0)  # a classic gap
+    gap = [stalls.Wait(waiting, 1, 50.0)]
+    stalls.judge(gap, [c, waiting], rule)
+    assert gap[0].verdict == "hol" and gap[0].allowance == 3 + 52
+
+
+def test_one_connection_stalled_while_the_other_streamed_at_its_pace_is_noise_in_a_gap():
+    """Measured under load 11 behind a proxy: the classic stream's delivery stalled 430 ms while the
+    speculative stream kept arriving at its own pace (11 ms a token). In a gap the pace counts for the
+    whole wait (up to a third of the reply); counted for the 61 ms limit only, it was charged."""
+    classic = [35.0 * i for i in range(1, 10)] + [745.0 + 0.02 * i for i in range(11)]
+    spec = [25.0 + 11.0 * i for i in range(96)]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=20.0)
+    rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 5.5), ("spec", 11.1)))
+    waits = stalls.waits_of(c, 61.0)
+    stalls.judge(waits, [c, s], rule)
+    gap = waits[8]
+    assert gap.ms == 430.0 and gap.verdict == "noise" and gap.allowance == 3 + 39  # 430 / 11.1 = 39 (40% of 96: 39)
+    assert rule.allowance(stalls.CLIENT, limit_ms=61.0, kind="spec", num_tokens=96) == 3 + 6 < gap.evidence
+
+
+def test_a_speculative_stream_waiting_while_the_classic_one_streams_at_its_pace_is_not_capped():
+    """Measured with locust at fast costs, load 11: a 59 ms gap of the speculative stream in which the
+    classic one got 64 of its 128 tokens at its own pace. The question is whether classic streams
+    stall: only their gaps cap another stream's pace at 40% of its reply."""
+    classic = [0.9 * i for i in range(1, 129)]
+    spec = [1.0, 2.0, 61.0, 62.0]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec")
+    rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.65), ("spec", 0.94)))
+    waits = [stalls.Wait(s, 2, 53.0)]
+    stalls.judge(waits, [c, s], rule)
+    assert waits[0].evidence == 66 and waits[0].verdict == "noise" and waits[0].allowance == 3 + 91
+    as_classic = stream("classic", spec, kind="classic")  # planted: the same gap of a classic stream
+    other = stream("spec", classic, kind="spec")
+    waits = [stalls.Wait(as_classic, 2, 53.0)]
+    stalls.judge(waits, [other, as_classic], rule)
+    assert waits[0].verdict == "hol" and waits[0].allowance == 3 + 52

@@ -1,20 +1,7 @@
 """Cost mode: a cost-aware arbiter that bounds the HOL stall in milliseconds, not ticks.
 
-It learns what actions cost from the tick walls the engine passes to commit (it
-never reads a clock) and the acceptance rate from the rounds' counters. Before
-each tick, while classic rows run, it runs another speculative round only if it
-still lets every running classic row get its next token within `hol_budget_ms`
-of its last one, so several rounds may run between two decode steps; among the
-widths K in [2, block_size] that fit it takes the one with the most expected
-tokens per ms (an unmeasured width that fits is tried first: its bound is safe).
-With no classic work, speculation runs back to back, no budget.
-
-Unmeasured costs: at most one speculative action per classic gap (a probe, at the
-smallest K, right after a classic service), so the arbiter is never worse than
-strict alternation. A budget below the floor (one decode + the smallest round)
-cannot be met: the arbiter then alternates at the smallest K rather than starve.
-A chunked slice 0 is budgeted like a round: its next chunk's cost is learnt from
-the chunks and slice 0s measured (a prefill with the drafter, by tokens).
+It learns action costs from the tick walls commit passes it (never a clock) and picks rounds
+and their width K so every running classic row gets its next token within `hol_budget_ms`.
 """
 
 from __future__ import annotations
@@ -60,6 +47,20 @@ class CostEstimator:
 
 
 class CostPolicy:
+    """Learns what actions cost from the committed ticks' walls and the acceptance rate from the
+    rounds' counters. Before each tick, while classic rows run, it runs another speculative round
+    only if it still lets every running classic row get its next token within `hol_budget_ms` of
+    its last one, so several rounds may run between two decode steps; among the widths K in
+    [2, block_size] that fit it takes the one with the most expected tokens per ms (an unmeasured
+    width that fits is tried first: its bound is safe). With no classic work, speculation runs
+    back to back, no budget.
+
+    Unmeasured costs: at most one speculative action per classic gap (a probe, at the smallest K,
+    right after a classic service), so the arbiter is never worse than strict alternation. A
+    budget below the floor (one decode + the smallest round) cannot be met: the arbiter then
+    alternates at the smallest K rather than starve. A chunked slice 0 is budgeted like a round:
+    its next chunk's cost is learnt from the chunks and slice 0s measured (by tokens)."""
+
     follows_upstream = False  # its own rule: rounds budgeted in ms
 
     def __init__(self, config: Any) -> None:

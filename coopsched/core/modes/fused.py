@@ -1,11 +1,7 @@
 """fused: the classic decode rows and the speculative verify rows in ONE forward.
 
-With speculative work pending and classic rows running, every classic tick is a
-Fused tick: the drafter runs first, then one forward decodes the classic rows
-and verifies the job's rows together, so a classic row never waits on a round
-and its stall is one fused step. Admissions still come first (as in every mode),
-and a slice 0 (a prefill) cannot share the decode forward: it takes its own tick;
-a chunked slice 0 alternates its chunks with plain decode steps.
+With speculative work pending and classic rows running, every classic tick is a Fused tick, so
+a classic row never waits on a round. Admissions come first; a slice 0 takes its own tick.
 """
 
 from __future__ import annotations
@@ -16,7 +12,8 @@ from .slice import SlicePolicy
 
 
 def decide_fused(state: TickState) -> ActionKind:
-    """Admission first; then a fused step while classic rows run; a lone job takes every tick."""
+    """Admission first; then a fused step while classic rows run; a lone job takes every tick.
+    A slice 0 (a prefill) cannot share the decode forward: a chunked one alternates with decode."""
     if not state.has_spec_work:
         return decide_action(state)
     if wants_prefill(state):

@@ -1,6 +1,6 @@
 """Repeat the concurrency2 locust run, quiet or with the CPU kept busy, and tabulate its verdicts.
 
-    python -m harness.live.verdict_runs [--slice-runs 20] [--burst-runs 10] [--busy 0,2] [--seconds 20]
+    python tools/verdict_runs.py [--slice-runs 20] [--burst-runs 10] [--busy 0,2] [--seconds 20]
                                         [--locustfile PATH --pythonpath DIR --label NAME] [--json OUT]
 
 Each run is `locust -f concurrency2.py --headless -t S` on its own mock server; slice mode as
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "scenarios" / "concurrency2.py"
+LOCUSTFILE = Path(__file__).resolve().parents[1] / "scenarios" / "concurrency2.py"
 
 
 @contextmanager
@@ -130,7 +130,7 @@ def print_split(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.live.verdict_runs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python tools/verdict_runs.py", description=__doc__.splitlines()[0])
     parser.add_argument("--slice-runs", type=int, default=20)
     parser.add_argument("--burst-runs", type=int, default=10)
     parser.add_argument("--busy", default="0,2", help="busy-loop counts, one row each (default 0,2)")

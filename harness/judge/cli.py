@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.run import metrics
 from harness.run import slo as slo_module
 from harness.run.slo import RequestTiming, Slo, SloError
+from harness.verdict.slo import slo_check
 
 FORMATS = ("auto", "aiperf", "locust", "trace")
 ACCEPTED = ("accepted: aiperf's per-request profile_export.jsonl, a coopsched trace (coopsched run --json), "
@@ -188,7 +189,9 @@ def load(path: Path, fmt: str = "auto") -> tuple[str, list[RequestTiming], int]:
 def verdict(path: Path, fmt: str, requests: list[RequestTiming], left_out: int, slo: Slo, target: float) -> dict:
     out = {"file": str(path), "format": fmt, **slo_module.evaluate(slo, requests), "attainment_target": target,
            "left_out": left_out}
-    out["ok"] = out["slo_attainment"] is not None and out["slo_attainment"] >= target
+    verdict_check = slo_check(out, target)
+    out["ok"] = verdict_check.ok is True  # no request to judge: skipped, never a pass
+    out["checks"] = [verdict_check.to_json()]
     groups = sorted({r.group for r in requests if r.group})
     if len(groups) > 1:
         out["groups"] = {g: {"requests": len(members), "slo_attainment": slo_module.attainment(slo, members)}

@@ -1,7 +1,7 @@
 """Measure what the server adds, and coopsched serve beside mlx_lm.server on the same tiny models.
 
-    python tests/e2e/measure_server.py [--out reports/server-measure.json] [--skip-mlx] [--only-added]
-    python tests/e2e/measure_server.py --only vs-mlx-lm --streams 16 --repeats 5 \
+    python tools/measure_server.py [--out reports/server-measure.json] [--skip-mlx] [--only-added]
+    python tools/measure_server.py --only vs-mlx-lm --streams 16 --repeats 5 \
         [--draft] [--coopsched-args="--max-batch-prefill 16"] [--out PATH]
 
 Not a test (real time, machine-dependent numbers): it prints a table and writes JSON.

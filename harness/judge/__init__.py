@@ -1,0 +1,1 @@
+"""`coopsched judge`: the per-token SLO applied to token timings another tool recorded (aiperf, locust, a trace)."""
