@@ -25,12 +25,7 @@ def append_result(plan: Plan, result: Result, requests: Mapping[str, Request], j
         done = [(row.seq_id, first) for row, first in zip(plan.prefills, result.firsts)]
         events += job.finish_chunk(job.live_rows, done, vocab, end_ms)
     elif plan.prefills:
-        for row, first in zip(plan.prefills, result.firsts):
-            request = requests[row.seq_id]
-            request.num_prefilled = row.stop
-            if first is not None:
-                tokens, reason = append(request, (first,), vocab)
-                events.append(TokenEvent(row.seq_id, tokens, end_ms, reason))
+        append_prefills(plan, result, requests, vocab, end_ms, events)
     counts = (0, 0, 0)
     if plan.verifies and job is not None:
         rows = [requests[v.seq_id] for v in plan.verifies]
@@ -42,6 +37,20 @@ def append_result(plan: Plan, result: Result, requests: Mapping[str, Request], j
         tokens, reason = append(requests[seq_id], (token,), vocab)
         events.append(TokenEvent(seq_id, tokens, end_ms, reason))
     return counts
+
+
+def append_prefills(plan: Plan, result: Result, requests: Mapping[str, Request], vocab: Vocab, end_ms: float,
+                    events: list[TokenEvent], failed: tuple[str, ...] = ()) -> None:
+    """Classic prefills that ran: their progress, and a finished prompt's first token. A mixed tick
+    whose decode failed after its prefill ran keeps the chunk (the cache holds it)."""
+    for row, first in zip(plan.prefills, result.firsts):
+        if row.seq_id in failed:
+            continue
+        request = requests[row.seq_id]
+        request.num_prefilled = row.stop
+        if first is not None:
+            tokens, reason = append(request, (first,), vocab)
+            events.append(TokenEvent(row.seq_id, tokens, end_ms, reason))
 
 
 def fail_rows(plan: Plan, result: Result, requests: Mapping[str, Request], job: SpecJob | None,

@@ -18,7 +18,7 @@ from .hol import HolBook
 from .kv import KVSlotPool
 from .modes import make_policy
 from .observability import BatchObservability
-from .outputs import append_result, fail_rows
+from .outputs import append_prefills, append_result, fail_rows
 from .plan import Committed, Decode, Plan, Result, Verify
 from .policy import Decision, next_yield_flag
 from .prefill import Budget, book_prefill, planned_tokens, slice0_spans, spans_for
@@ -253,6 +253,9 @@ class Scheduler:
                 record = TickRecord(start_ms, end_ms, plan.action, plan.kind, plan.seq_ids)
                 return Committed(record, [], NO_DELTAS, plan, rewinds, [], continues=True)
         else:
+            if not plan.job_ids and result.firsts:  # a mixed tick's chunk ran before its decode failed
+                assert self.vocab is not None, "the scheduler needs the model's vocab to commit (Engine gives it)"
+                append_prefills(plan, result, self.requests, self.vocab, end_ms, self._events, result.failed)
             touched = self._fail(plan, result, releases)
         return self._book(plan, result, start_ms, end_ms, touched, rewinds, releases)
 

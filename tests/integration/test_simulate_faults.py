@@ -241,3 +241,21 @@ def test_a_failure_after_a_window_row_ended_leaves_that_row_alone():
     checked.faulty.arm(Fault("raise", "verify", "b"))
     finished = outcome(checked)
     assert finished == {"a": FinishReason.STOP, "b": FinishReason.ERROR}
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["handled", "planted-chunk-dropped"])
+def test_a_mixed_tick_whose_decode_fails_keeps_its_chunk(fixed, monkeypatch):
+    """The chunk ran before the decode row failed: the prompt's progress (its cache) stands."""
+    import coopsched.core.scheduler as scheduler_module
+    if not fixed:
+        monkeypatch.setattr(scheduler_module, "append_prefills", lambda *args, **kwargs: None)
+    checked = make_checked(mode="slice", prefill_chunk_tokens=3, mixed_step=True, prefill_grant_interval=0)
+    submit(checked, ("a", False), ("bb", False))
+    checked.faulty.arm(Fault("raise", "decode", "a"))  # a's first decode: the mixed tick beside bb's chunk
+    if not fixed:  # bb's chunk is planned again on a cache that holds it
+        with pytest.raises(InvariantError, match="cache holds 6 tokens"):
+            outcome(checked)
+        return
+    result = outcome(checked)
+    assert result == {"a": FinishReason.ERROR, "bb": FinishReason.LENGTH} and checked.kinds["error"] == 1
+    assert_reference(checked, "bb")
