@@ -214,12 +214,18 @@ def capacity_line(sweep: dict) -> str:
             f"{sweep['attainment']:g}): " + ", ".join(parts))
 
 
+def live_columns(sweep: dict) -> list[tuple[str, str]]:
+    """(counter, column) of LIVE_COLUMNS some rung's metrics_delta has; coopsched's two when none
+    does (a live sweep shows "-" there); none for a virtual-time sweep."""
+    deltas = [row.get("metrics_delta") or {} for rows in sweep["summary"].values() for row in rows
+              if "metrics_delta" in row]
+    seen = [(name, label) for name, label in LIVE_COLUMNS if any(name in d for d in deltas)]
+    return seen or (list(LIVE_COLUMNS[:2]) if deltas else [])
+
+
 def print_table(console: Console, sweep: dict) -> None:
     slo = Slo(**sweep["slo"])
-    deltas_seen = [row.get("metrics_delta") or {} for rows in sweep["summary"].values() for row in rows
-                   if "metrics_delta" in row]
-    live = [(name, label) for name, label in LIVE_COLUMNS if any(name in d for d in deltas_seen)] or \
-        (list(LIVE_COLUMNS[:2]) if deltas_seen else [])
+    live = live_columns(sweep)
     table = Table(title=escape(f"coopsched sweep {sweep['scenario']} ({sweep['clock']} time, "
                                f"{len(sweep['points'])} points): means over {sweep['seeds']} seed(s); SLO: "
                                f"{slo.describe()}; attain = share of requests meeting it (min: the worst seed), "
