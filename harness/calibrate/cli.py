@@ -313,8 +313,10 @@ def _print_rounds(out, table, profile: dict, fitted: dict, k: int) -> None:
     out.print(table)
     drafts = fitted.get("server_drafts")
     counted = "" if not drafts else (f"; the server counted {drafts['accepted_tokens']} of {drafts['draft_tokens']} "
-                                     f"draft tokens accepted ({drafts['acceptance']})")
-    out.print(f"rounds: {rounds['num_rounds']}, {rounds['tokens_per_round']:.3f} tokens per round -> accept_prob "
+                                     f"draft tokens accepted ({drafts['acceptance']}); round_ms and accept_prob "
+                                     f"from {rounds['from']} (timing alone: {_ms(rounds['timed_round_ms'])} ms, "
+                                     f"accept_prob {rounds['timed_accept_prob']})")
+    out.print(f"rounds: {rounds['num_rounds']} timed, {rounds['tokens_per_round']:.3f} tokens per round -> accept_prob "
               f"{profile['accept_prob']}{counted}; draft/token {profile['draft_per_token_ms']} ms; "
               f"switch {profile['switch_ms']} ms (measured {_ms(fitted['switch_ms_measured'])}); "
               f"classic streams that arrived in rounds: "

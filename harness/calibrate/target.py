@@ -169,6 +169,7 @@ class Samples:
     spec_lumps: int = 0              # speculative streams in fewer than 3 groups (one lump): no rounds to time
     spec_single: int = 0             # speculative streams whose every group carried one token
     drafts: list[tuple[int, int]] | None = None   # (draft tokens, accepted) the server counted per round pass
+    drafted_spans: list[tuple[float, float]] = field(default_factory=list)  # (ms after token 1, rounds drafted)
 
 
 class TargetCalibration:
@@ -217,6 +218,9 @@ class TargetCalibration:
         drafts = reported_drafts(got)
         if drafts is not None:
             self.samples.drafts = [*(self.samples.drafts or []), drafts]
+            times, _ = arrivals_ms(got)
+            if drafts[0] and len(times) > 1:  # the stream after its first token, and the rounds it took
+                self.samples.drafted_spans.append((times[-1] - times[0], drafts[0] / (self.block_size - 1)))
         if served_speculatively(got) is False:
             self.samples.spec_served_classic += 1
             return
@@ -260,7 +264,7 @@ class TargetCalibration:
         rounds were seen (more than one token in some round, or drafts the server counted)."""
         s = self.samples
         drafted = sum(d for d, _ in s.drafts) if s.drafts is not None else None
-        if s.round_tokens and (drafted or np.mean(s.round_tokens) >= MIN_TOKENS_PER_ROUND):
+        if drafted or (drafted is None and s.round_tokens and np.mean(s.round_tokens) >= MIN_TOKENS_PER_ROUND):
             return None
         seen = []
         if s.spec_served_classic:
@@ -270,12 +274,14 @@ class TargetCalibration:
         if s.spec_single:
             seen.append(f"{s.spec_single} arrived one token per step, as classic decode does")
         if s.round_tokens and not s.spec_single:
-            seen.append(f"their steps carried {np.mean(s.round_tokens):.3f} tokens on average, under the "
-                        f"{MIN_TOKENS_PER_ROUND} that tells rounds from decode steps that arrived together")
-        told = ("its responses' `timings` counted no draft tokens" if drafted == 0 else
-                "it reports no draft counts (no `timings.draft_n`)" if drafted is None else "")
-        return "no speculative rounds were seen: of the speculative requests, " + "; ".join(seen) + \
-            (f"; {told}" if told else "")
+            mean = float(np.mean(s.round_tokens))
+            seen.append(f"their arrivals came {mean:.3f} tokens at a time" + (
+                f", under the {MIN_TOKENS_PER_ROUND} that tells rounds from decode steps delivered together"
+                if mean < MIN_TOKENS_PER_ROUND else ", which is how its stream delivers them, not rounds"))
+        told = ("its responses' `timings` counted no draft tokens (no `draft_n`)" if drafted == 0 else
+                "it reports no draft counts (no `timings`)")
+        return "no speculative rounds were seen: " + "; ".join(
+            [*(f"of the speculative requests, {x}" for x in seen[:1]), *seen[1:], told])
 
     def profile(self) -> dict:
         """CostModel fields and `fit`; the speculative terms only when rounds were seen (else
@@ -313,9 +319,15 @@ class TargetCalibration:
         extra = [(x, y - prefill(x)) for x, y in s.ttft[True]]
         draft_prefill = sum(x * d for x, d in extra) / sum(x * x for x, _ in extra) if extra else 0.0
         round_levels, round_ratios = fit.levels({k: s.round_gaps})
-        round_ms = round_levels[k]
-        mean_tokens = float(np.mean(s.round_tokens))
-        accept = fit.acceptance_from_tokens(mean_tokens, k)
+        round_ms = timed_round_ms = round_levels[k]
+        mean_tokens = float(np.mean(s.round_tokens)) if s.round_tokens else 0.0
+        accept = timed_accept = fit.acceptance_from_tokens(mean_tokens, k)
+        counted = _server_drafts(s.drafts)
+        if counted and counted["acceptance"] is not None and s.drafted_spans:
+            # the server's own counts win over timing, which merges rounds its stream delivers together:
+            # K - 1 drafts per round, and the rounds' time is the stream's after its first token
+            accept = fit.acceptance_from_tokens(1 + counted["acceptance"] * (k - 1), k)
+            round_ms = sum(t for t, _ in s.drafted_spans) / sum(n for _, n in s.drafted_spans)
         mode = self.server.mode
         draft = switch = 0.0
         mix = fit.summary(s.mix_gaps)
@@ -334,7 +346,9 @@ class TargetCalibration:
                                 [[k, round(round_ms, 4)]], "ragged", switch, quantiles, accept),
             "fit": {**fitted, "slice0": _line(slice0),
                     "rounds": {**fit.summary(s.round_gaps), "tokens_per_round": mean_tokens,
-                               "num_rounds": len(s.round_tokens)},
+                               "num_rounds": len(s.round_tokens), "timed_round_ms": round(timed_round_ms, 4),
+                               "timed_accept_prob": round(timed_accept, 4),
+                               "from": "the server's draft counts" if accept != timed_accept else "timing"},
                     "mix": mix, "switch_ms_measured": switch_raw, "switch_ms_se": switch_se,
                     "unfitted": {}, "speculates": True},
         }

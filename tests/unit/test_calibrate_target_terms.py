@@ -50,6 +50,8 @@ def calibration(rounds: list[int], drafts=None) -> target.TargetCalibration:
     pytest.param([1] * 40, None, "arrived one token per step", id="one-token-steps"),
     pytest.param([1] * 36 + [2] * 4, [(0, 0)], "counted no draft tokens", id="late-pairs-and-no-drafts"),
     pytest.param([], None, "streamed in one lump", id="lumps"),
+    # llama.cpp without a drafter on one core: its stream delivers tokens in bunches, its timings say no drafts
+    pytest.param([8, 9, 7, 8] * 10, [(0, 0)] * 3, "how its stream delivers them, not rounds", id="bunched-no-drafts"),
 ])
 def test_without_rounds_prefill_and_decode_are_fitted_and_the_rest_named(rounds, drafts, said):
     calib = calibration(rounds, drafts)
@@ -83,3 +85,15 @@ def test_no_decode_gaps_is_an_error_naming_the_server():
     calib.samples.decode = {}
     with pytest.raises(RuntimeError, match=r"http://127.0.0.1:1: no classic decode gaps"):
         calib.profile()
+
+
+def test_the_servers_draft_counts_win_over_timing_that_merges_rounds():
+    """Timed groups of 5 tokens with K = 4 are merged rounds; the server's 61% of drafts accepted over
+    10 rounds (30 drafts, K - 1 per round) in 40 ms of stream are what gets fitted."""
+    calib = calibration([5] * 20, [(30, 18)])
+    calib.samples.drafted_spans = [(40.0, 10.0)]
+    profile = calib.profile()
+    assert profile["accept_prob"] == pytest.approx(target.fit.acceptance_from_tokens(1 + 0.6 * 3, 4), abs=1e-3)
+    assert profile["round_ms"] == [[4, 4.0]]
+    rounds = profile["fit"]["rounds"]
+    assert rounds["from"] == "the server's draft counts" and rounds["timed_accept_prob"] == 1.0
