@@ -1,9 +1,8 @@
-"""`coopsched model build`: tiny seeded llama models that `mlx_lm.load` reads fully offline
-(and `model export`: one of them as a llama.cpp GGUF, coopsched/backends/gguf_export.py).
+"""`coopsched model build`: tiny seeded llama models that `mlx_lm.load` reads fully offline.
 
-A target is seeded float32 weights plus a byte-level BPE trained on the in-repo
-corpus; a drafter is a target plus seeded weight noise. Same arguments -> the
-same bytes. `ensure_tiny_models` builds a target/drafter pair once into a cache.
+A target is seeded float32 weights plus a byte-level BPE trained on the in-repo corpus; a
+drafter is a target plus seeded weight noise. Same arguments -> the same bytes. `ensure_tiny_models`
+builds a pair once into a cache; `model export` writes one as GGUF (gguf_export.py).
 """
 
 from __future__ import annotations
