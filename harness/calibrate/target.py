@@ -291,7 +291,7 @@ class TargetCalibration:
             raise RuntimeError(f"{self.server.url}: no classic decode gaps or first tokens were timed: every "
                                "calibration request streamed at most one token")
         batches = sorted(b for b in s.decode if s.decode[b])
-        levels, decode_ratios = fit.levels({b: s.decode[b] for b in batches})
+        levels, decode_ratios = decode_levels({b: s.decode[b] for b in batches})
         decode = fit.monotone([levels[b] for b in batches], [len(s.decode[b]) for b in batches])
         decode_points = [[b, round(v, 4)] for b, v in zip(batches, decode)]
         prefill = fit.LinearFit.of(*zip(*s.ttft[False]))
@@ -352,6 +352,19 @@ class TargetCalibration:
                     "mix": mix, "switch_ms_measured": switch_raw, "switch_ms_se": switch_se,
                     "unfitted": {}, "speculates": True},
         }
+
+
+BUNCHED = 5.0  # a median gap this far under the mean: the stream delivers its tokens in bunches
+
+
+def decode_levels(groups: dict[int, list[float]]) -> tuple[dict, list[float]]:
+    """fit.levels, unless the stream delivers tokens in bunches (llama-server on one core: gaps of
+    0.02 ms between bursts of 50 ms): a median then says nothing, and each batch's level is its mean."""
+    pooled = [x for xs in groups.values() for x in xs]
+    if float(np.median(pooled)) * BUNCHED >= float(np.mean(pooled)):
+        return fit.levels(groups)
+    means = {b: float(np.mean(xs)) for b, xs in groups.items()}
+    return means, [x / means[b] for b, xs in groups.items() for x in xs if means[b] > 0]
 
 
 # the profile terms only speculative rounds price

@@ -97,3 +97,13 @@ def test_the_servers_draft_counts_win_over_timing_that_merges_rounds():
     assert profile["round_ms"] == [[4, 4.0]]
     rounds = profile["fit"]["rounds"]
     assert rounds["from"] == "the server's draft counts" and rounds["timed_accept_prob"] == 1.0
+
+
+def test_a_bunched_stream_prices_decode_at_its_mean_gap():
+    """Tokens delivered in bursts: most gaps ~0 and one in ten 20 ms; a median-based level would read
+    ~0 (or, scaled by the pooled ratio, a figure no batch shows); the mean is what decoding costs."""
+    bunched = ([0.02] * 9 + [20.0]) * 5
+    levels, _ = target.decode_levels({1: bunched, 2: [2 * x for x in bunched]})
+    assert levels == {1: pytest.approx(2.018), 2: pytest.approx(4.036)}
+    steady = {1: [2.0, 2.1, 1.9, 2.0, 9.0]}  # one foreign stall: the robust level, not the mean
+    assert target.decode_levels(steady)[0][1] == pytest.approx(target.fit.levels(steady)[0][1])
