@@ -27,7 +27,7 @@ CPUS = sorted(os.sched_getaffinity(0))
 PINNED = len(CPUS) > 1 and shutil.which("taskset") is not None
 COSTS = {"default": ("5", "30"), "fast": ("0.3", "1.5")}
 # fast costs put a burst's lump and slice's noise a few tokens apart on a busy 2-core machine:
-# those runs are in `tox -e live-edge`, not the default e2e env (reports/2026-12-01-live-verdicts.md)
+# those runs are in `tox -e live-edge`, not the default e2e env (docs/measurements/2026-12-01-live-verdicts.md)
 COST_PARAMS = [pytest.param("default"), pytest.param("fast", marks=pytest.mark.edge)]
 # every key CONTRACTS pins on a trace, a request and a check
 PINNED_TRACE_KEYS = {"scenario", "mode", "clock", "seed", "requests", "ticks", "bursts", "checks", "throughput"}
