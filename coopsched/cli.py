@@ -15,7 +15,7 @@ COMMANDS = {
     "run": ("harness.run.cli", "run scenarios and check their bounds"),
     "sweep": ("harness.sweep.cli", "a workload at several loads x modes: per-token SLO attainment and capacity"),
     "serve": ("coopsched.server.cli", "OpenAI-compatible streaming server with /metrics"),
-    "model": ("coopsched.backends.model_build", "build tiny seeded MLX models offline"),
+    "model": ("coopsched.backends.model_build", "build tiny seeded MLX models offline; export one as GGUF"),
     "calibrate": ("harness.calibrate.cli", "a mock cost profile of the MLX backend or any server (--target)"),
     "report": ("harness.report.build", "HTML/PNG report and benchmark trends"),
     "simulate": ("harness.sim.simulate", "seeded deterministic simulation with faults"),

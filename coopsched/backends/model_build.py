@@ -1,8 +1,8 @@
 """`coopsched model build`: tiny seeded llama models that `mlx_lm.load` reads fully offline.
 
-A target is seeded float32 weights plus a byte-level BPE trained on the in-repo
-corpus; a drafter is a target plus seeded weight noise. Same arguments -> the
-same bytes. `ensure_tiny_models` builds a target/drafter pair once into a cache.
+A target is seeded float32 weights plus a byte-level BPE trained on the in-repo corpus; a
+drafter is a target plus seeded weight noise. Same arguments -> the same bytes. `ensure_tiny_models`
+builds a pair once into a cache; `model export` writes one as GGUF (gguf_export.py).
 """
 
 from __future__ import annotations
@@ -213,12 +213,19 @@ def add_arguments(parser) -> None:
                        help="build a drafter: this target plus seeded weight noise")
     build.add_argument("--noise", type=float, default=None,
                        help=f"drafter noise scale, relative to each tensor's RMS (default {DEFAULT_NOISE})")
+    export = sub.add_parser("export", help="write a model directory as a llama.cpp GGUF file")
+    export.add_argument("--format", choices=("gguf",), default="gguf", help="file format (gguf)")
+    export.add_argument("--out", required=True, metavar="FILE.gguf", help="file to write")
+    export.add_argument("--from", dest="from_dir", metavar="MODEL_DIR",
+                        help="the model to export (default: the tiny target `model build` makes, built once)")
 
 
 def main(args) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
+    if args.model_command == "export":
+        return _export(args, console)
     if args.noise is not None and args.from_dir is None:
         console.print("[red]error:[/red] --noise needs --from TARGET_DIR (a drafter is a target plus noise)",
                       soft_wrap=True)
@@ -237,6 +244,27 @@ def main(args) -> int:
         except (ValueError, FileNotFoundError, FileExistsError) as exc:
             console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
             return 2
+    console.print(f"wrote {out}")
+    return 0
+
+
+def _export(args, console) -> int:
+    try:
+        from coopsched.backends.gguf_export import export_gguf
+
+        with console.status("exporting") as status:
+            def progress(message: str) -> None:
+                status.update(message)
+                console.print(f"  {message}", highlight=False)
+            model_dir = Path(args.from_dir) if args.from_dir else ensure_tiny_models(progress=progress)[0]
+            out = export_gguf(model_dir, args.out, progress)
+    except ImportError as exc:  # gguf/safetensors to export; mlx to build the default model first
+        console.print(f"[red]error:[/red] model export needs the {exc.name} package: pip install -e "
+                      f"'.[gguf{'' if args.from_dir else ',mlx'}]'", soft_wrap=True)
+        return 2
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        return 2
     console.print(f"wrote {out}")
     return 0
 

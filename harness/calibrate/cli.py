@@ -199,6 +199,8 @@ def _target(args: argparse.Namespace, console) -> int:
     server = target.Server.connect(args.target, extensions=not args.no_extensions)
     if not server.health and not server.model:
         raise RuntimeError(f"{server.url} answers neither /health nor /v1/models: is it an OpenAI-compatible server?")
+    console.print(f"{server.url}: context {server.context_source}; mode "
+                  f"{server.mode or 'not reported (no /health mode)'}", highlight=False, soft_wrap=True)
     calibration = target.TargetCalibration(server, args.block_size, args.max_batch)
     repeats = 0 if args.profile else args.repeats or TARGET_REPEATS
     runs = args.report_runs if args.report else 0
@@ -208,12 +210,15 @@ def _target(args: argparse.Namespace, console) -> int:
         if repeats:
             calibration.run(repeats, lambda label: progress.update(task, advance=1, description=label))
             profile = calibration.profile()
+            speculates = profile["fit"]["speculates"]
         else:
             calibration.warm_up()
+            speculates = _profile_speculates(args.profile)
+        workload = twin.TWIN if speculates else twin.classic(twin.TWIN)
         loads.append(os.getloadavg()[0])
         measured: list = []
         for i in range(runs):
-            measured.append(target.measure_workload(server, twin.TWIN.requests, i))
+            measured.append(target.measure_workload(server, workload.requests, i))
             loads.append(os.getloadavg()[0])
             progress.update(task, advance=1, description=f"workload run {i + 1}/{runs}")
     k = calibration.block_size
@@ -224,17 +229,29 @@ def _target(args: argparse.Namespace, console) -> int:
         cost = CostModel(**profile)
         document = {**profile, "calibrated": {"target": server.url, "model": server.model, "mode": server.mode,
                                               "block_size": k, "repeats": repeats, "extensions": server.extensions,
-                                              "load_average": loads, "fit": fitted}}
+                                              "context": server.context_source, "load_average": loads,
+                                              "fit": fitted}}
         _write(args.out, document)
         _print_target_fit(args.out, profile, fitted, k)
     if args.report:
         config = target.twin_config_of(server, args.twin_mode, k)
-        predict = {config.mode: twin.simulate(cost, config, range(max(runs, 5)))}
+        predict = {config.mode: twin.simulate(cost, config, range(max(runs, 5)), workload)}
         report = twin.build_report({config.mode: measured}, predict, runs, {
-            "target": server.url, "profile": str(args.profile or args.out), "load_average": loads})
+            "target": server.url, "profile": str(args.profile or args.out), "load_average": loads,
+            "speculates": speculates})
         _write(args.report, report)
-        _print_report(report, f"the twin vs {server.url} (mode {config.mode}, {runs} runs)")
+        served = "" if speculates else ", every request classic: the server never speculated"
+        _print_report(report, f"the twin vs {server.url} (mode {config.mode}, {runs} runs{served})")
     return 0
+
+
+def _profile_speculates(path: Path) -> bool:
+    """A --target profile says whether the server speculated when it was calibrated (default: yes)."""
+    try:
+        fitted = json.loads(path.read_text()).get("calibrated", {}).get("fit", {})
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--profile {path}: {exc}") from None
+    return fitted.get("speculates", True) is not False
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -271,13 +288,22 @@ def _print_target_fit(path: Path, profile: dict, fitted: dict, k: int) -> None:
                   header_style="bold")
     for col in ("term", "x", "measured ms", "fitted ms", "residual"):
         table.add_column(col, justify="left" if col == "term" else "right", no_wrap=True)
-    for name in ("prefill", "slice0"):
+    for name in ("prefill", "slice0") if fitted["speculates"] else ("prefill",):
         for x, y, r in sorted(fitted[name]["points"]):
             table.add_row(f"{name} TTFT", f"{x:g} tok", _ms(y), _ms(y - r), f"{r:+.2f}")
     decode = dict(profile["decode_ms"])
     for b, s in fitted["decode"].items():
         table.add_row("decode", f"B={b}", f"{_ms(s['mean'])} (p50 {_ms(s['p50'])}, p99 {_ms(s['p99'])})",
                       _ms(decode[int(b)]), f"{decode[int(b)] - s['mean']:+.2f}")
+    if fitted["speculates"]:
+        _print_rounds(out, table, profile, fitted, k)
+        return
+    out.print(table)
+    out.print(f"[yellow]not fitted:[/] {', '.join(fitted['unfitted'])}: {next(iter(fitted['unfitted'].values()))}; "
+              "the profile prices no speculation (round_ms null, accept_prob null)", highlight=False, soft_wrap=True)
+
+
+def _print_rounds(out, table, profile: dict, fitted: dict, k: int) -> None:
     rounds = fitted["rounds"]
     table.add_row("round", f"K={k}", f"{_ms(rounds['mean'])} (p50 {_ms(rounds['p50'])}, p99 {_ms(rounds['p99'])})",
                   _ms(profile["round_ms"][0][1]), "")
@@ -285,8 +311,13 @@ def _print_target_fit(path: Path, profile: dict, fitted: dict, k: int) -> None:
     table.add_row("classic beside spec", "", f"{_ms(mix['mean'])} (p50 {_ms(mix['p50'])}, p99 {_ms(mix['p99'])})",
                   "", "")
     out.print(table)
-    out.print(f"rounds: {rounds['num_rounds']}, {rounds['tokens_per_round']:.3f} tokens per round -> accept_prob "
-              f"{profile['accept_prob']}; draft/token {profile['draft_per_token_ms']} ms; "
+    drafts = fitted.get("server_drafts")
+    counted = "" if not drafts else (f"; the server counted {drafts['accepted_tokens']} of {drafts['draft_tokens']} "
+                                     f"draft tokens accepted ({drafts['acceptance']}); round_ms and accept_prob "
+                                     f"from {rounds['from']} (timing alone: {_ms(rounds['timed_round_ms'])} ms, "
+                                     f"accept_prob {rounds['timed_accept_prob']})")
+    out.print(f"rounds: {rounds['num_rounds']} timed, {rounds['tokens_per_round']:.3f} tokens per round -> accept_prob "
+              f"{profile['accept_prob']}{counted}; draft/token {profile['draft_per_token_ms']} ms; "
               f"switch {profile['switch_ms']} ms (measured {_ms(fitted['switch_ms_measured'])}); "
               f"classic streams that arrived in rounds: "
               f"{fitted['classic_streams_in_rounds']}; speculative asks served classically: "

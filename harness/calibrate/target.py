@@ -35,6 +35,10 @@ DECODE_TOKENS = 48
 ROUND_TOKENS = 128
 MIX_CLASSIC_TOKENS, MIX_SPEC_TOKENS, MIX_SPEC_DELAY_MS = 96, 64, 20.0
 MIN_SWITCH_SE = 2.0
+# Below this many tokens per step, with no draft counts from the server, steps are decode: late
+# deliveries pair up some decode tokens (1.1 per step seen on a loaded machine); a drafter accepting
+# under ~0.2 per draft cannot be told from no drafter by timing alone
+MIN_TOKENS_PER_ROUND = 1.25
 TIMEOUT_S = 300.0
 
 
@@ -53,6 +57,8 @@ class Server:
     health: dict = field(default_factory=dict)
     model: str | None = None
     extensions: bool = True   # coopsched's `speculative` and `return_token_ids`, vLLM's `ignore_eos`
+    context_tokens: int | None = None
+    context_source: str = "the server reported no context size"
 
     @classmethod
     def connect(cls, url: str, extensions: bool = True) -> Server:
@@ -60,7 +66,9 @@ class Server:
         url = url if "://" in url else f"http://{url}"
         health = client.get_json(url, "/health") or {}
         models = (client.get_json(url, "/v1/models") or {}).get("data") or []
-        return cls(url, health, models[0].get("id") if models else None, extensions)
+        listed = models[0] if models and isinstance(models[0], dict) else {}
+        context, source = reported_context(health, listed, lambda: client.get_json(url, "/props"))
+        return cls(url, health, listed.get("id"), extensions, context, source)
 
     @property
     def mode(self) -> str | None:
@@ -111,11 +119,37 @@ class Server:
         return [o for o in outs if isinstance(o, client.Collected)]
 
 
+def reported_context(health: dict, model: dict, props: Callable[[], dict | None]) -> tuple[int | None, str]:
+    """(tokens a request may use, where that came from): coopsched's /health `context_tokens`,
+    llama.cpp's /v1/models `meta.n_ctx` (per slot), vLLM's `max_model_len`, or llama.cpp's /props
+    `default_generation_settings.n_ctx`; (None, what was asked) when none says."""
+    meta = model.get("meta") if isinstance(model.get("meta"), dict) else {}
+    for value, where in ((health.get("context_tokens"), "/health context_tokens"),
+                         (meta.get("n_ctx"), "/v1/models meta.n_ctx"),
+                         (model.get("max_model_len"), "/v1/models max_model_len")):
+        if isinstance(value, int) and value > 0:
+            return value, f"{where} = {value}"
+    settings = (props() or {}).get("default_generation_settings") or {}
+    if isinstance(settings.get("n_ctx"), int) and settings["n_ctx"] > 0:
+        return settings["n_ctx"], f"/props default_generation_settings.n_ctx = {settings['n_ctx']}"
+    return None, ("the server reported no context size (no /health context_tokens, /v1/models meta.n_ctx or "
+                  "max_model_len, /props n_ctx)")
+
+
 def arrivals_ms(got: client.Collected, origin_ns: int | None = None) -> tuple[list[float], list[int]]:
     """(time in ms after origin, tokens) of each arrival that carried tokens."""
     origin = got.sent_ns if origin_ns is None else origin_ns
     pairs = [((a.time_ns - origin) / 1e6, n) for a, n in zip(got.arrivals, got.counts) if n > 0]
     return [t for t, _ in pairs], [n for _, n in pairs]
+
+
+def reported_drafts(got: client.Collected) -> tuple[int, int] | None:
+    """(draft tokens, accepted) the server counted for this request (llama.cpp's `timings`), or None."""
+    timings = next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
+                   None)
+    if timings is None or "draft_n" not in timings:
+        return (0, 0) if timings is not None and "predicted_n" in timings else None
+    return int(timings.get("draft_n") or 0), int(timings.get("draft_n_accepted") or 0)
 
 
 def served_speculatively(got: client.Collected) -> bool | None:
@@ -132,6 +166,10 @@ class Samples:
     mix_gaps: list[float] = field(default_factory=list)             # classic gaps while a spec request runs
     classic_grouped: int = 0                                         # classic streams that arrived in rounds
     spec_served_classic: int = 0                                     # speculative asks served classically
+    spec_lumps: int = 0              # speculative streams in fewer than 3 groups (one lump): no rounds to time
+    spec_single: int = 0             # speculative streams whose every group carried one token
+    drafts: list[tuple[int, int]] | None = None   # (draft tokens, accepted) the server counted per round pass
+    drafted_spans: list[tuple[float, float]] = field(default_factory=list)  # (ms after token 1, rounds drafted)
 
 
 class TargetCalibration:
@@ -139,8 +177,8 @@ class TargetCalibration:
         self.server = server
         self.block_size = block_size or int(server.health.get("block_size") or 4)
         self.batches = [b for b in DECODE_BATCHES if b <= max_batch] or [1]
-        context = int(server.health.get("context_tokens") or 4096)
-        self.lengths = [n for n in PREFILL_LENGTHS if n + 8 <= context] or [8]
+        context = server.context_tokens  # unknown: every length is tried, and a refusal names it
+        self.lengths = [n for n in PREFILL_LENGTHS if context is None or n + 8 <= context] or [8]
         self.samples = Samples()
 
     def warm_up(self) -> None:
@@ -177,10 +215,22 @@ class TargetCalibration:
 
     def round_pass(self, rep: int) -> None:
         got = self.server.collect(self.server.body(text_prompt(32, f"rounds:{rep}"), ROUND_TOKENS, True))
+        drafts = reported_drafts(got)
+        if drafts is not None:
+            self.samples.drafts = [*(self.samples.drafts or []), drafts]
+            times, _ = arrivals_ms(got)
+            if drafts[0] and len(times) > 1:  # the stream after its first token, and the rounds it took
+                self.samples.drafted_spans.append((times[-1] - times[0], drafts[0] / (self.block_size - 1)))
         if served_speculatively(got) is False:
             self.samples.spec_served_classic += 1
             return
-        rounds = fit.rounds_of(fit.group_arrivals(*arrivals_ms(got)))
+        groups = fit.group_arrivals(*arrivals_ms(got))
+        if len(groups) < 3:
+            self.samples.spec_lumps += 1
+            return
+        rounds = fit.rounds_of(groups)
+        if all(n == 1 for n in rounds.tokens):  # one token per step: decode, or a draft never accepted
+            self.samples.spec_single += 1
         self.samples.round_gaps += rounds.gaps_ms
         self.samples.round_tokens += rounds.tokens
 
@@ -209,25 +259,75 @@ class TargetCalibration:
                     advance(f"{name} {rep + 1}/{repeats}")
 
     # -- the profile -------------------------------------------------------------------------
+    def no_rounds(self) -> str | None:
+        """Why no speculative round can be fitted, naming what the server did and reported; None when
+        rounds were seen (more than one token in some round, or drafts the server counted)."""
+        s = self.samples
+        drafted = sum(d for d, _ in s.drafts) if s.drafts is not None else None
+        if drafted or (drafted is None and s.round_tokens and np.mean(s.round_tokens) >= MIN_TOKENS_PER_ROUND):
+            return None
+        seen = []
+        if s.spec_served_classic:
+            seen.append(f"{s.spec_served_classic} speculative request(s) came back `served_speculatively: false`")
+        if s.spec_lumps:
+            seen.append(f"{s.spec_lumps} streamed in one lump (fewer than 3 groups of arrivals)")
+        if s.spec_single:
+            seen.append(f"{s.spec_single} arrived one token per step, as classic decode does")
+        if s.round_tokens and not s.spec_single:
+            mean = float(np.mean(s.round_tokens))
+            seen.append(f"their arrivals came {mean:.3f} tokens at a time" + (
+                f", under the {MIN_TOKENS_PER_ROUND} that tells rounds from decode steps delivered together"
+                if mean < MIN_TOKENS_PER_ROUND else ", which is how its stream delivers them, not rounds"))
+        told = ("its responses' `timings` counted no draft tokens (no `draft_n`)" if drafted == 0 else
+                "it reports no draft counts (no `timings`)")
+        return "no speculative rounds were seen: " + "; ".join(
+            [*(f"of the speculative requests, {x}" for x in seen[:1]), *seen[1:], told])
+
     def profile(self) -> dict:
-        s, k = self.samples, self.block_size
-        if not s.round_gaps:
-            raise RuntimeError("no speculative rounds were seen: the server served every speculative request "
-                               "classically, or streamed each one in one lump (a legacy burst); rounds cannot "
-                               "be timed from its tokens")
+        """CostModel fields and `fit`; the speculative terms only when rounds were seen (else
+        `fit.unfitted` names each missing term and why, and the profile prices no speculation)."""
+        s = self.samples
+        if not s.decode or not s.ttft[False]:
+            raise RuntimeError(f"{self.server.url}: no classic decode gaps or first tokens were timed: every "
+                               "calibration request streamed at most one token")
         batches = sorted(b for b in s.decode if s.decode[b])
-        levels, decode_ratios = fit.levels({b: s.decode[b] for b in batches})
+        levels, decode_ratios = decode_levels({b: s.decode[b] for b in batches})
         decode = fit.monotone([levels[b] for b in batches], [len(s.decode[b]) for b in batches])
         decode_points = [[b, round(v, 4)] for b, v in zip(batches, decode)]
-        decode_at = dict(zip(batches, decode))
         prefill = fit.LinearFit.of(*zip(*s.ttft[False]))
+        quantiles = {
+            "prefill": fit.jitter_quantiles([y / prefill(x) for x, y in s.ttft[False] if prefill(x) > 0]),
+            "decode": fit.jitter_quantiles(decode_ratios),
+        }
+        fitted = {"prefill": _line(prefill), "decode": {b: fit.summary(s.decode[b]) for b in batches},
+                  "classic_streams_in_rounds": s.classic_grouped,
+                  "speculative_served_classically": s.spec_served_classic,
+                  "server_drafts": _server_drafts(s.drafts)}
+        why = self.no_rounds()
+        if why is not None:
+            unfitted = {term: why for term in UNFITTED_WITHOUT_ROUNDS}
+            terms = fit.profile_terms(prefill, 0.0, decode_points, 0.0, 1, decode_points[0][1], None, "ragged",
+                                      0.0, quantiles, 0.0)
+            return {**terms, "verify_ms": [[1, decode_points[0][1]]], "accept_prob": None,
+                    "fit": {**fitted, "unfitted": unfitted, "speculates": False}}
+        return self._speculative(prefill, decode_points, quantiles, fitted)
+
+    def _speculative(self, prefill: fit.LinearFit, decode_points: list, quantiles: dict, fitted: dict) -> dict:
+        s, k = self.samples, self.block_size
+        decode_at = dict(decode_points)
         slice0 = fit.LinearFit.of(*zip(*s.ttft[True])) if s.ttft[True] else prefill
         extra = [(x, y - prefill(x)) for x, y in s.ttft[True]]
         draft_prefill = sum(x * d for x, d in extra) / sum(x * x for x, _ in extra) if extra else 0.0
         round_levels, round_ratios = fit.levels({k: s.round_gaps})
-        round_ms = round_levels[k]
-        mean_tokens = float(np.mean(s.round_tokens))
-        accept = fit.acceptance_from_tokens(mean_tokens, k)
+        round_ms = timed_round_ms = round_levels[k]
+        mean_tokens = float(np.mean(s.round_tokens)) if s.round_tokens else 0.0
+        accept = timed_accept = fit.acceptance_from_tokens(mean_tokens, k)
+        counted = _server_drafts(s.drafts)
+        if counted and counted["acceptance"] is not None and s.drafted_spans:
+            # the server's own counts win over timing, which merges rounds its stream delivers together:
+            # K - 1 drafts per round, and the rounds' time is the stream's after its first token
+            accept = fit.acceptance_from_tokens(1 + counted["acceptance"] * (k - 1), k)
+            round_ms = sum(t for t, _ in s.drafted_spans) / sum(n for _, n in s.drafted_spans)
         mode = self.server.mode
         draft = switch = 0.0
         mix = fit.summary(s.mix_gaps)
@@ -235,27 +335,50 @@ class TargetCalibration:
         if mode == "fused" and s.mix_gaps:
             draft = draft_from_fused({1: mix["mean"]}, decode_points, k, "ragged")
         elif mode == "slice" and len(s.mix_gaps) > 1:
-            switch_raw = (mix["mean"] - decode_at[batches[0]] - round_ms) / 2
+            switch_raw = (mix["mean"] - decode_at[decode_points[0][0]] - round_ms) / 2
             switch_se = float(np.std(s.mix_gaps, ddof=1) / np.sqrt(len(s.mix_gaps)) / 2)
             switch = switch_raw if switch_raw > MIN_SWITCH_SE * switch_se else 0.0
-        quantiles = {
-            "prefill": fit.jitter_quantiles([y / prefill(x) for x, y in s.ttft[False] if prefill(x) > 0]),
-            "decode": fit.jitter_quantiles(decode_ratios),
-            "verify": fit.jitter_quantiles(round_ratios),
-        }
+        quantiles = {**quantiles, "verify": fit.jitter_quantiles(round_ratios)}
         if mode == "fused" and s.mix_gaps:
             quantiles["fused"] = fit.jitter_quantiles([g / mix["mean"] for g in s.mix_gaps])
         return {
             **fit.profile_terms(prefill, draft_prefill, decode_points, draft, k, round_ms,
                                 [[k, round(round_ms, 4)]], "ragged", switch, quantiles, accept),
-            "fit": {"prefill": _line(prefill), "slice0": _line(slice0),
-                    "decode": {b: fit.summary(s.decode[b]) for b in batches},
+            "fit": {**fitted, "slice0": _line(slice0),
                     "rounds": {**fit.summary(s.round_gaps), "tokens_per_round": mean_tokens,
-                               "num_rounds": len(s.round_tokens)},
+                               "num_rounds": len(s.round_tokens), "timed_round_ms": round(timed_round_ms, 4),
+                               "timed_accept_prob": round(timed_accept, 4),
+                               "from": "the server's draft counts" if accept != timed_accept else "timing"},
                     "mix": mix, "switch_ms_measured": switch_raw, "switch_ms_se": switch_se,
-                    "classic_streams_in_rounds": s.classic_grouped,
-                    "speculative_served_classically": s.spec_served_classic},
+                    "unfitted": {}, "speculates": True},
         }
+
+
+BUNCHED = 5.0  # a median gap this far under the mean: the stream delivers its tokens in bunches
+
+
+def decode_levels(groups: dict[int, list[float]]) -> tuple[dict, list[float]]:
+    """fit.levels, unless the stream delivers tokens in bunches (llama-server on one core: gaps of
+    0.02 ms between bursts of 50 ms): a median then says nothing, and each batch's level is its mean."""
+    pooled = [x for xs in groups.values() for x in xs]
+    if float(np.median(pooled)) * BUNCHED >= float(np.mean(pooled)):
+        return fit.levels(groups)
+    means = {b: float(np.mean(xs)) for b, xs in groups.items()}
+    return means, [x / means[b] for b, xs in groups.items() for x in xs if means[b] > 0]
+
+
+# the profile terms only speculative rounds price
+UNFITTED_WITHOUT_ROUNDS = ("round_ms", "verify_ms", "draft_per_token_ms", "draft_prefill_per_token_ms",
+                           "accept_prob", "switch_ms")
+
+
+def _server_drafts(drafts: list[tuple[int, int]] | None) -> dict | None:
+    """What the server itself counted over the lone speculative requests (llama.cpp's `timings`)."""
+    if drafts is None:
+        return None
+    drafted, accepted = sum(d for d, _ in drafts), sum(a for _, a in drafts)
+    return {"draft_tokens": drafted, "accepted_tokens": accepted, "requests": len(drafts),
+            "acceptance": round(accepted / drafted, 4) if drafted else None}
 
 
 def _line(line: fit.LinearFit) -> dict:

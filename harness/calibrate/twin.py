@@ -11,6 +11,7 @@ error = predicted / measured - 1.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
@@ -68,6 +69,11 @@ def pooled(runs: Sequence[Served]) -> dict[str, float | None]:
         "ttft_p95_ms": pick(ttft, lambda a: np.percentile(a, 95)),
         "ttft_mean_ms": pick(ttft, np.mean),
     }
+
+
+def classic(scenario: Scenario) -> Scenario:
+    """The workload with every request classic: how a server that never speculates serves it."""
+    return replace(scenario, requests=tuple(replace(r, speculative=False) for r in scenario.requests))
 
 
 def compare(predicted: dict, measured: dict) -> dict:

@@ -34,7 +34,10 @@ DEFAULT_SLO = slo_module.parse_slo(slo_module.DEFAULT_SLO)
 DEFAULT_SEEDS = 3  # capacity is a mean over seeds: one Poisson draw can flatter or punish a load
 STORE = Path("reports") / "sweeps" / "latest.json"  # every finished sweep; `coopsched report` shows it
 ROUNDS, SLICES = "coopsched_spec_rounds_total", "coopsched_spec_slices_total"
-LLAMA_DRAFTS = "llamacpp:spec_decode_num_drafts_total"  # one per round: any llama.cpp-compatible server
+# the /metrics counters a live table shows per rung, those any rung has: coopsched's, llama.cpp's
+LIVE_COLUMNS = ((ROUNDS, "rounds"), (SLICES, "slices"), ("llamacpp:spec_decode_num_drafts_total", "drafts"),
+                ("llamacpp:spec_decode_num_draft_tokens_total", "drafted"),
+                ("llamacpp:spec_decode_num_accepted_tokens_total", "accepted"))
 _WHOLE = re.compile(r"\+?[0-9]+")
 _DECIMAL = re.compile(r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
 EPILOG = f"""A point = one mode x one load x one seed (seeds 0..N-1, default {DEFAULT_SEEDS}); give exactly one of
@@ -174,9 +177,10 @@ class Sweep:
 
             self.server = Server(s.target)
             if s.modes is not None and s.modes != (self.server.mode,):
-                raise SweepError(f"--mode {','.join(s.modes)}: the server at {s.target} runs "
-                                 f"{self.server.mode} (its /health says so) and a --target sweep measures the "
-                                 "server's own mode; leave --mode out")
+                runs = (f"runs {self.server.mode} (its /health says so)" if self.server.reports_mode else
+                        "reports no mode (its /health has no `mode`), so its points are labelled external")
+                raise SweepError(f"--mode {','.join(s.modes)}: the server at {s.target} {runs}, and a --target "
+                                 "sweep measures the server as it runs; leave --mode out")
             self.tasks = points.plan(s.scenario, s.load_kind, s.loads, (self.server.mode,), s.seeds, s.slo,
                                      configs={self.server.mode: None})
         else:
@@ -227,16 +231,25 @@ def capacity_line(sweep: dict) -> str:
             f"{sweep['attainment']:g}): " + ", ".join(parts))
 
 
+def live_columns(sweep: dict) -> list[tuple[str, str]]:
+    """(counter, column) of LIVE_COLUMNS some rung's metrics_delta has; coopsched's two when none
+    does (a live sweep shows "-" there); none for a virtual-time sweep."""
+    deltas = [row.get("metrics_delta") or {} for rows in sweep["summary"].values() for row in rows
+              if "metrics_delta" in row]
+    seen = [(name, label) for name, label in LIVE_COLUMNS if any(name in d for d in deltas)]
+    return seen or (list(LIVE_COLUMNS[:2]) if deltas else [])
+
+
 def print_table(console: Console, sweep: dict) -> None:
     slo = Slo(**sweep["slo"])
-    live = any("metrics_delta" in row for rows in sweep["summary"].values() for row in rows)
+    live = live_columns(sweep)
     table = Table(title=escape(f"coopsched sweep {sweep['scenario']} ({sweep['clock']} time, "
                                f"{len(sweep['points'])} points): means over {sweep['seeds']} seed(s); SLO: "
                                f"{slo.describe()}; attain = share of requests meeting it (min: the worst seed), "
                                "good = requests meeting it per s, cls = classic ITL (ms), t/s = tokens/s"),
                   box=None, pad_edge=False, padding=(0, 1), header_style="bold")
     columns = ["mode", unit(sweep), "attain", "min", "good r/s", "cls p99", "cls max", "TTFT p95", "agg t/s",
-               "spec t/s"] + (["rounds", "slices"] if live else [])
+               "spec t/s"] + [label for _, label in live]
     for col in columns:
         table.add_column(col, justify="left" if col == "mode" else "right", no_wrap=True, min_width=len(col))
     fmt = lambda v, spec="{:.1f}": "-" if v is None else spec.format(v)
@@ -249,10 +262,8 @@ def print_table(console: Console, sweep: dict) -> None:
                      fmt(row["goodput_rps"], "{:.2f}"), fmt(row["classic_itl_p99_ms"]),
                      fmt(row["classic_itl_max_ms"]), fmt(row["ttft_p95_ms"]), fmt(row["aggregate_tok_s"]),
                      fmt(row["spec_tok_s"])]
-            if live:
-                deltas = row.get("metrics_delta") or {}
-                rounds = deltas.get(ROUNDS, deltas.get(LLAMA_DRAFTS))
-                cells += [fmt(rounds, "{:g}"), fmt(deltas.get(SLICES), "{:g}")]
+            deltas = row.get("metrics_delta") or {}
+            cells += [fmt(deltas.get(name), "{:g}") for name, _ in live]
             table.add_row(*cells)
         table.add_section()
     console.print(table)

@@ -32,6 +32,7 @@ class Server:
             raise SweepError(str(exc)) from None
         self.url = self.target.url
         health = self.target.get_json("/health") or {}
+        self.reports_mode = bool(health.get("mode"))
         self.mode = str(health.get("mode") or "external")
         models = (self.target.get_json("/v1/models") or {}).get("data") or []
         self.model = models[0].get("id") if models else None  # no listed model: leave `model` out

@@ -16,33 +16,24 @@ import http.client
 import json
 import sys
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from json_http import JsonHandler
 
 HOP_HEADERS = {"connection", "transfer-encoding", "content-length", "keep-alive"}
 
 
-class Proxy(BaseHTTPRequestHandler):
+class Proxy(JsonHandler):
     options: argparse.Namespace
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, *_) -> None:
-        pass
-
-    def _send(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self) -> None:
         if self.path == "/health":
-            self._send(200, {"status": "ok"})
+            self.send_json(200, {"status": "ok"})
         elif self.path.startswith("/v1/"):
             self._forward(None)
         else:
-            self._send(404, {"error": {"message": f"{self.path}: not found", "type": "invalid_request_error",
+            self.send_json(404, {"error": {"message": f"{self.path}: not found", "type": "invalid_request_error",
                                        "param": None, "code": "not_found"}})
 
     def do_POST(self) -> None:

@@ -20,7 +20,9 @@ import signal
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from json_http import JsonHandler
 
 MODEL = "fake-multitoken"
 
@@ -29,28 +31,17 @@ def token_text(i: int) -> str:
     return "abc"[: 1 + i % 3]
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     options: argparse.Namespace
     lock = threading.Lock()
 
-    def log_message(self, *_) -> None:  # quiet: the tests read stderr for the listening line only
-        pass
-
-    def _json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self) -> None:
         if self.path == "/health":
-            self._json(200, {"status": "ok"})
+            self.send_json(200, {"status": "ok"})
         elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+            self.send_json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         else:
-            self._json(404, {"error": {"message": "not found", "type": "invalid_request_error", "param": None,
+            self.send_json(404, {"error": {"message": "not found", "type": "invalid_request_error", "param": None,
                                        "code": "not_found"}})
 
     def do_POST(self) -> None:
@@ -63,7 +54,7 @@ class Handler(BaseHTTPRequestHandler):
             if not body.get("stream"):
                 text = "".join(token_text(i) for i in range(max_tokens))
                 time.sleep(pause_s * -(-max_tokens // per_event))
-                self._json(200, {"id": "cmpl-fake", "object": "text_completion", "model": MODEL,
+                self.send_json(200, {"id": "cmpl-fake", "object": "text_completion", "model": MODEL,
                                  "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
                                  "usage": {"prompt_tokens": 4, "completion_tokens": max_tokens,
                                            "total_tokens": 4 + max_tokens}})

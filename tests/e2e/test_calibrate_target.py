@@ -68,3 +68,22 @@ def test_rounds_sent_as_one_event_each(tmp_path, stream_kind):
     assert profile["round_ms"][0][1] == pytest.approx(12.0, rel=0.15), output
     assert profile["decode_ms"][0][1] == pytest.approx(5.0, rel=0.15), output
     assert profile["calibrated"]["mode"] is None and fit["classic_streams_in_rounds"] == 0
+
+
+def test_a_server_that_never_speculates_gets_its_classic_terms_and_the_rest_named(tmp_path):
+    """The fake with one token per event: its speculative requests stream like classic ones, so
+    prefill and decode are fitted, every speculative term is named unfitted, and the twin serves
+    every request classically; the fake reports no context size, which is said."""
+    fake = Path(__file__).parents[1] / "e2e" / "multitoken_server.py"
+    with serve(command=[sys.executable, str(fake), "--tokens-per-event", "1"]) as served:
+        profile, report, output = calibrate(served.url, tmp_path, "--repeats", "2", "--max-batch", "2",
+                                            "--report", str(tmp_path / "report.json"), "--report-runs", "2")
+    fit = profile["calibrated"]["fit"]
+    assert fit["speculates"] is False and fit["unfitted"]["accept_prob"].startswith("no speculative rounds"), output
+    assert profile["round_ms"] is None and profile["accept_prob"] is None and profile["verify_ms"] == [
+        [1, profile["decode_ms"][0][1]]]
+    # the fake sleeps 5 ms per token, so no decode step is faster; a loaded machine makes them slower
+    assert profile["decode_ms"][0][1] >= 0.9 * 5.0, output
+    assert "reported no context size" in profile["calibrated"]["context"]
+    assert "not fitted: round_ms" in " ".join(output.split()) and "reported no context size" in output
+    assert report["speculates"] is False and report["modes"]["slice"]["spec_tok_s"]["measured"] is None

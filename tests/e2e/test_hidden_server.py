@@ -26,6 +26,9 @@ LOCUSTFILE = Path(__file__).resolve().parents[2] / "scenarios" / "concurrency2.p
 CPUS = sorted(os.sched_getaffinity(0))
 PINNED = len(CPUS) > 1 and shutil.which("taskset") is not None
 COSTS = {"default": ("5", "30"), "fast": ("0.3", "1.5")}
+# fast costs put a burst's lump and slice's noise a few tokens apart on a busy 2-core machine:
+# those runs are in `tox -e live-edge`, not the default e2e env (docs/measurements/2026-12-01-live-verdicts.md)
+COST_PARAMS = [pytest.param("default"), pytest.param("fast", marks=pytest.mark.edge)]
 # every key CONTRACTS pins on a trace, a request and a check
 PINNED_TRACE_KEYS = {"scenario", "mode", "clock", "seed", "requests", "ticks", "bursts", "checks", "throughput"}
 PINNED_REQUEST_KEYS = {"id", "speculative", "eligible", "prompt_token_ids", "token_ids", "token_times_ms",
@@ -63,7 +66,7 @@ def checks_of(trace: dict) -> dict:
     return {c["name"]: c for c in trace["checks"]}
 
 
-@pytest.mark.parametrize("costs", list(COSTS))
+@pytest.mark.parametrize("costs", COST_PARAMS)
 @pytest.mark.parametrize("mode", ["burst", "slice"])
 def test_target_behind_a_server_that_reports_nothing(tmp_path, mode, costs):
     with hidden(mode, costs) as url:
@@ -95,7 +98,7 @@ def run_locust(url: str, tmp_path: Path, seconds: int = 4) -> tuple[int, dict, s
     return proc.returncode, json.loads(report.read_text()), output
 
 
-@pytest.mark.parametrize("costs", list(COSTS))
+@pytest.mark.parametrize("costs", COST_PARAMS)
 @pytest.mark.parametrize("mode", ["burst", "slice"])
 def test_locust_behind_a_server_that_reports_nothing(tmp_path, mode, costs):
     # the solo limits' ceiling (half the other kind's solo run) keeps a fast burst over its limit

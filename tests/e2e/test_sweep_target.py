@@ -4,6 +4,8 @@ a real-time closed loop with the server's /metrics deltas (rounds and slices per
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from e2e_servers import serve
@@ -60,3 +62,13 @@ def test_an_open_loop_point_against_a_server_and_a_mode_it_does_not_run(ladder, 
         assert cli(["sweep", str(ladder), "--rates", "40", "--mode", "slice", "--target", served.url]) == 2
     line = capsys.readouterr().out.strip()
     assert line.startswith("error: --mode slice: the server at") and "runs fused" in line
+
+
+def test_a_mode_against_a_server_that_reports_none_says_so(ladder, capsys):
+    """A server whose /health has no `mode` is not said to run one."""
+    fake = Path(__file__).with_name("multitoken_server.py")
+    with serve(command=[sys.executable, str(fake)]) as served:
+        assert cli(["sweep", str(ladder), "--concurrency", "1", "--mode", "slice", "--target", served.url]) == 2
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("error: --mode slice: the server at") and "reports no mode" in line
+    assert "says so" not in line

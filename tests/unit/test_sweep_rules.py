@@ -11,7 +11,7 @@ import pytest
 
 from harness.run.slo import RequestTiming, Slo, meets, miss_reason, violations
 from harness.sweep import live
-from harness.sweep.cli import parse_loads
+from harness.sweep.cli import live_columns, parse_loads
 from harness.sweep.points import SweepError, Timed, capacity, figures
 
 
@@ -117,6 +117,27 @@ def test_metrics_delta_counts_counters_and_histogram_count_and_sum_with_labels_f
                                          "vllm:num_preemptions_total": 0.0}
     assert live.delta(None, after) is None and live.delta(before, None) is None
     assert live.delta({"x_total": 9.0}, {"x_total": 4.0}) == {"x_total": 4.0}  # a drop: the server restarted
+
+
+LLAMA_CPP = """# HELP llamacpp:tokens_predicted_total Number of generation tokens processed
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 192
+# TYPE llamacpp:spec_decode_num_drafts_total counter
+llamacpp:spec_decode_num_drafts_total 70
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 0
+"""
+
+
+def test_llama_cpp_counters_are_counted_and_shown_per_rung():
+    """llama-server names its families with `_total` on the TYPE line; its gauges are not deltas."""
+    counted = live.counted_samples(LLAMA_CPP)
+    assert counted == {"llamacpp:tokens_predicted_total": 192.0, "llamacpp:spec_decode_num_drafts_total": 70.0}
+    sweep = {"summary": {"external": [{"metrics_delta": counted}, {"metrics_delta": None}]}}
+    assert live_columns(sweep) == [("llamacpp:spec_decode_num_drafts_total", "drafts")]
+    assert [label for _, label in live_columns({"summary": {"slice": [{"metrics_delta": {}}]}})] == \
+        ["rounds", "slices"]
+    assert live_columns({"summary": {"slice": [{"load": 1}]}}) == []  # virtual time: no live columns
 
 
 # -- load lists ---------------------------------------------------------------------------------
