@@ -323,9 +323,11 @@ class TargetCalibration:
         mean_tokens = float(np.mean(s.round_tokens)) if s.round_tokens else 0.0
         accept = timed_accept = fit.acceptance_from_tokens(mean_tokens, k)
         counted = _server_drafts(s.drafts)
-        if counted and counted["acceptance"] is not None and s.drafted_spans:
-            # the server's own counts win over timing, which merges rounds its stream delivers together:
-            # K - 1 drafts per round, and the rounds' time is the stream's after its first token
+        if counted and counted["acceptance"] is not None and s.drafted_spans and self.server.mode is None:
+            # a server that does not describe itself (llama.cpp) may deliver several rounds together:
+            # its own counts win over timing there (K - 1 drafts per round, the rounds' time the
+            # stream's after its first token); one that names its mode stamps each round, so timing
+            # sees them, and its `timings` may count drafts as upstream does (K per round)
             accept = fit.acceptance_from_tokens(1 + counted["acceptance"] * (k - 1), k)
             round_ms = sum(t for t, _ in s.drafted_spans) / sum(n for _, n in s.drafted_spans)
         mode = self.server.mode
