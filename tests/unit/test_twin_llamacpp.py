@@ -1,0 +1,197 @@
+"""The llama.cpp step model in virtual time: slots, prompts in the generating slots' batch under
+n_batch, one draft call for every generating slot, the per-slot draft cap. Each rule's check is
+shown to fail on a model with that rule planted wrong."""
+
+from __future__ import annotations
+
+import pytest
+from factories import make_backend
+
+from coopsched.clock import ManualClock
+from coopsched.core import Request, SchedulerConfig
+from coopsched.engine import Engine
+from coopsched.twins import make_scheduler
+from coopsched.twins.llamacpp import LlamaCppModel
+from mocks import CostModel
+
+# flat prices, so every step's length is a sum of terms: prefill 2 + 0.5 a token, any decode or
+# verify forward 5, a draft call 1 a drafted position
+COST = CostModel(prefill_fixed_ms=2.0, prefill_per_token_ms=0.5, draft_prefill_per_token_ms=0.0,
+                 decode_ms=[[1, 5.0]], draft_per_token_ms=1.0, verify_ms=[[1, 5.0]])
+
+
+class RecordingBackend:
+    """The mock, recording each draft call's (rows, drafted tokens per row)."""
+
+    def __init__(self, accept_prob: float) -> None:
+        self.mock = make_backend(ManualClock(), cost=COST, accept_prob=accept_prob)
+        self.drafts: list[tuple[int, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.mock, name)
+
+    def draft(self, rows, num_tokens):
+        self.drafts.append((len(rows), num_tokens))
+        return self.mock.draft(rows, num_tokens)
+
+
+def prompt(n: int, salt: int = 0) -> tuple[int, ...]:
+    return tuple(65 + (salt + i) % 26 for i in range(n))
+
+
+def simulate(requests, drafter: bool = False, accept_prob: float = 1.0, **params):
+    """Per request its token times; and the draft calls."""
+    config = SchedulerConfig(has_drafter=drafter, block_size=params.get("spec_draft_n_max", 3) + 1)
+    backend = RecordingBackend(accept_prob)
+    model = make_scheduler("llama.cpp", config, params)
+    result = Engine(model, backend, backend.mock.clock).run(requests)
+    times: dict[str, list[float]] = {r.id: [] for r in requests}
+    for event in result.events:
+        times[event.seq_id] += [event.time_ms] * len(event.token_ids)
+    assert backend.num_live == 0 and model.kv.num_in_use == 0
+    return times, backend.drafts
+
+
+def three_at_once() -> list[Request]:
+    return [Request(f"r{i}", prompt(8, i), 4) for i in range(3)]
+
+
+def check_waits_for_a_slot(times) -> None:
+    # two slots: both prompts in one forward (2 + 0.5 x 16), three decode steps; the third request
+    # takes the first slot freed, at 25, and prefills alone (2 + 0.5 x 8)
+    assert times["r0"] == times["r1"] == [10.0, 15.0, 20.0, 25.0]
+    assert times["r2"] == [31.0, 36.0, 41.0, 46.0]
+
+
+def late_long_prompt() -> list[Request]:
+    return [Request("r0", prompt(8), 6), Request("r1", prompt(40, 5), 2, arrival_ms=12.0)]
+
+
+def check_prompt_joins_the_step(times) -> None:
+    # r1 arrives during r0's third step; from 16 each step holds r0's token and 15 of r1's prompt
+    # tokens (n_batch 16): prefill 2 + 7.5, decode 5; the last 10 prompt tokens 2 + 5, decode 5
+    assert times["r0"] == [6.0, 11.0, 16.0, 30.5, 45.0, 57.0]
+    assert times["r1"] == [57.0, 62.0]
+
+
+def two_drafting() -> list[Request]:
+    return [Request(f"r{i}", prompt(8, i), 9) for i in range(2)]
+
+
+def check_one_draft_call_for_every_slot(times, drafts) -> None:
+    # both prompts (10 ms), then two steps of one draft call (3 drafts, 3 ms) and one verify (5 ms)
+    # for both rows, every draft accepted: 4 tokens a row a step
+    assert drafts == [(2, 3), (2, 3)]
+    assert times["r0"] == times["r1"] == [10.0] + [18.0] * 4 + [26.0] * 4
+
+
+def plant_no_slots(mp) -> None:
+    """Every waiting request is launched at once, as if the server had a slot for each."""
+    def launch_all(self):
+        for request in list(self.waiting):
+            self.admit(request)
+            self._slot_of[request.id] = len(self._slot_of)
+    mp.setattr(LlamaCppModel, "_launch", launch_all)
+
+
+def plant_prompt_alone(mp) -> None:
+    """Prompts only in a step without generating slots (no continuous batching)."""
+    spans = LlamaCppModel._prompt_spans
+    mp.setattr(LlamaCppModel, "_prompt_spans", lambda self, used: spans(self, used) if used == 0 else ())
+
+
+def plant_no_batch_cap(mp) -> None:
+    """A whole prompt joins the step, however many tokens the batch holds."""
+    spans = LlamaCppModel._prompt_spans
+    mp.setattr(LlamaCppModel, "_prompt_spans", lambda self, used: spans(self, 0))
+
+
+def plant_one_slot_drafted(mp) -> None:
+    """One generating slot speculates a step, the others decode (coopsched's one job at a time)."""
+    rows = LlamaCppModel._generating_rows
+
+    def first_only(self, generating):
+        decodes, verifies = rows(self, generating[:1])
+        return (*decodes, *((r.id, r.last_token) for r in generating[1:])), verifies
+    mp.setattr(LlamaCppModel, "_generating_rows", first_only)
+
+
+def test_a_request_waits_for_a_free_slot():
+    check_waits_for_a_slot(simulate(three_at_once(), parallel=2)[0])
+
+
+def test_prompts_join_the_generating_step_under_the_batch_size():
+    check_prompt_joins_the_step(simulate(late_long_prompt(), batch_size=16)[0])
+
+
+def test_without_continuous_batching_a_prompt_waits_for_an_empty_batch():
+    times, _ = simulate(late_long_prompt(), batch_size=16, cont_batching=False)
+    # r0 decodes alone to its end at 31; r1's prompt then takes three steps: 16, 16, 8 tokens
+    assert times == {"r0": [6.0, 11.0, 16.0, 21.0, 26.0, 31.0], "r1": [57.0, 62.0]}
+
+
+def test_every_generating_slot_drafts_in_one_call_and_verifies_in_one_batch():
+    check_one_draft_call_for_every_slot(*simulate(two_drafting(), drafter=True, parallel=2))
+
+
+@pytest.mark.parametrize("plant, requests, params, check", [
+    pytest.param(plant_no_slots, three_at_once, dict(parallel=2), check_waits_for_a_slot, id="no-slots"),
+    pytest.param(plant_prompt_alone, late_long_prompt, dict(batch_size=16), check_prompt_joins_the_step,
+                 id="prompt-alone"),
+    pytest.param(plant_no_batch_cap, late_long_prompt, dict(batch_size=16), check_prompt_joins_the_step,
+                 id="no-batch-cap"),
+])
+def test_each_rule_check_fails_on_the_model_planted_wrong(plant, requests, params, check, monkeypatch):
+    plant(monkeypatch)
+    with pytest.raises(AssertionError):
+        check(simulate(requests(), **params)[0])
+
+
+def test_the_draft_check_fails_when_one_slot_speculates_a_step(monkeypatch):
+    plant_one_slot_drafted(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_one_draft_call_for_every_slot(*simulate(two_drafting(), drafter=True, parallel=2))
+
+
+@pytest.mark.parametrize("max_tokens, n_min, drafts, steps", [
+    pytest.param(6, 0, [(1, 3)], [1, 4, 1], id="cut-to-remaining-then-decode"),
+    pytest.param(4, 0, [(1, 2)], [1, 3], id="cap-under-n-max"),
+    pytest.param(4, 2, [(1, 2)], [1, 3], id="cap-at-n-min-drafts"),
+    pytest.param(3, 2, [], [1, 1, 1], id="cap-under-n-min-decodes"),
+])
+def test_a_slot_drafts_at_most_its_remaining_tokens_minus_one(max_tokens, n_min, drafts, steps):
+    times, calls = simulate([Request("r", prompt(8), max_tokens)], drafter=True, spec_draft_n_min=n_min)
+    assert calls == drafts
+    assert [times["r"].count(t) for t in dict.fromkeys(times["r"])] == steps
+
+
+def test_the_cap_check_fails_when_the_draft_is_not_cut(monkeypatch):
+    monkeypatch.setattr(LlamaCppModel, "_draft_cap", lambda self, request: 3)
+    _, calls = simulate([Request("r", prompt(8), 6)], drafter=True)
+    assert calls != [(1, 3)]
+
+
+def test_one_k_for_the_plan_the_largest_cap():
+    """The executor drafts one K for every verify row: a row near its end verifies K positions too
+    (llama.cpp drafts fewer for it), and its budget cuts what it emits."""
+    requests = [Request("long", prompt(8), 9), Request("short", prompt(8, 3), 4)]
+    times, calls = simulate(requests, drafter=True, parallel=2)
+    assert calls[0] == (2, 3)
+    assert len(times["short"]) == 4 and times["short"][1:] == [18.0] * 3
+
+
+def test_every_param_names_the_flag_it_mirrors():
+    assert {p.name for p in LlamaCppModel.PARAMS} == {"parallel", "batch_size", "cont_batching",
+                                                      "spec_draft_n_max", "spec_draft_n_min"}
+    assert all(p.flag.startswith("--") and p.meaning for p in LlamaCppModel.PARAMS)
+
+
+@pytest.mark.parametrize("params, match", [
+    pytest.param(dict(parallel=0), r"parallel=0: want a whole number >= 1", id="no-slots"),
+    pytest.param(dict(batch_size=2.5), r"batch_size=2.5: want a whole number >= 1", id="fraction"),
+    pytest.param(dict(cont_batching="no"), r"cont_batching='no': want true or false", id="text"),
+    pytest.param(dict(n_parallel=4), r"'n_parallel' unknown for a llama.cpp server; accepted: parallel", id="name"),
+])
+def test_a_bad_param_is_named(params, match):
+    with pytest.raises(ValueError, match=match):
+        make_scheduler("llama.cpp", SchedulerConfig(), params)
