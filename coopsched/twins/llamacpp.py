@@ -31,6 +31,8 @@ class LlamaCppModel(StepModel):
               "logical batch n_batch: prompt tokens join a step while its batch holds fewer tokens"),
         Param("cont_batching", True, "--cont-batching",
               "prompts join the generating slots' step; off: a prompt is processed only in a step of its own"),
+        Param("draft_model", None, "--model-draft",
+              "a draft model speculates every generating slot (/slots `speculative`); null: as the config's drafter"),
         Param("spec_draft_n_max", 3, "--spec-draft-n-max",
               "tokens drafted per generating slot and step (cut to the request's remaining tokens - 1)"),
         Param("spec_draft_n_min", 0, "--spec-draft-n-min",
@@ -47,6 +49,10 @@ class LlamaCppModel(StepModel):
         self.cont_batching = self.params["cont_batching"]
         if not isinstance(self.cont_batching, bool):
             raise ValueError(f"server_params cont_batching={self.cont_batching!r}: want true or false")
+        draft_model = self.params["draft_model"]
+        if draft_model is not None and not isinstance(draft_model, bool):
+            raise ValueError(f"server_params draft_model={draft_model!r}: want true, false or null")
+        self.draft_model: bool | None = draft_model
         self._slot_of: dict[str, int] = {}             # seq_id -> the slot it holds
         self._last_used = [0] * self.parallel          # per slot: the step it was last freed (LRU)
         self._steps = 0
@@ -94,6 +100,12 @@ class LlamaCppModel(StepModel):
             return decodes, ()
         k = 1 + max(caps[r.id] for r in spec)
         return decodes, tuple(Verify(r.id, _last(r), k) for r in spec)
+
+    @property
+    def speculates(self) -> bool:
+        """The server's own setting when the profile has it: llama-server speculates every slot
+        with a draft model loaded, whatever a request asks."""
+        return self.config.has_drafter if self.draft_model is None else self.draft_model
 
     def _draft_cap(self, request: Request) -> int:
         if not self.speculates:

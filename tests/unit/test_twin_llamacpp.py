@@ -181,15 +181,26 @@ def test_one_k_for_the_plan_the_largest_cap():
 
 
 def test_every_param_names_the_flag_it_mirrors():
-    assert {p.name for p in LlamaCppModel.PARAMS} == {"parallel", "batch_size", "cont_batching",
+    assert {p.name for p in LlamaCppModel.PARAMS} == {"parallel", "batch_size", "cont_batching", "draft_model",
                                                       "spec_draft_n_max", "spec_draft_n_min"}
     assert all(p.flag.startswith("--") and p.meaning for p in LlamaCppModel.PARAMS)
+
+
+@pytest.mark.parametrize("drafter, draft_model, speculated", [
+    pytest.param(True, None, True, id="config-drafter"),
+    pytest.param(True, False, False, id="server-without-draft-model"),
+    pytest.param(False, True, True, id="server-with-draft-model"),
+])
+def test_the_server_setting_wins_over_the_config_drafter(drafter, draft_model, speculated):
+    _, calls = simulate(two_drafting(), drafter=drafter, draft_model=draft_model)
+    assert bool(calls) is speculated
 
 
 @pytest.mark.parametrize("params, match", [
     pytest.param(dict(parallel=0), r"parallel=0: want a whole number >= 1", id="no-slots"),
     pytest.param(dict(batch_size=2.5), r"batch_size=2.5: want a whole number >= 1", id="fraction"),
     pytest.param(dict(cont_batching="no"), r"cont_batching='no': want true or false", id="text"),
+    pytest.param(dict(draft_model=1), r"draft_model=1: want true, false or null", id="draft-number"),
     pytest.param(dict(n_parallel=4), r"'n_parallel' unknown for a llama.cpp server; accepted: parallel", id="name"),
 ])
 def test_a_bad_param_is_named(params, match):

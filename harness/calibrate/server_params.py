@@ -1,0 +1,89 @@
+"""The server model's parameters `calibrate --target` fits beside the cost terms, one function per
+kind: what the server reports is read, what it does not is measured; each returns (params,
+evidence), the evidence one line per parameter saying where its value came from.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from harness.calibrate.target import Server, text_prompt
+from harness.live import client
+
+# -- llama.cpp ------------------------------------------------------------------------------------
+PROBE_TOKENS = 64   # a lone speculative request's budget: its rounds give the draft cap
+FRONTEND_PROBES = 5
+
+
+def llamacpp_reported(props: dict | None, slots: list | None) -> tuple[dict, list[str]]:
+    """What llama-server says of itself: /props total_slots (--parallel), /slots' `speculative`
+    (a draft model is loaded and a speculation type set)."""
+    params: dict = {}
+    evidence = []
+    total = (props or {}).get("total_slots")
+    if isinstance(total, int) and total > 0:
+        params["parallel"] = total
+        evidence.append(f"parallel = {total}: /props total_slots")
+    else:
+        evidence.append("parallel: /props reports no total_slots; the model's default is kept")
+    if isinstance(slots, list) and slots:
+        speculative = any(bool(s.get("speculative")) for s in slots if isinstance(s, dict))
+        params["draft_model"] = speculative
+        evidence.append(f"draft_model = {str(speculative).lower()}: /slots' speculative flags (every slot "
+                        "speculates with a draft model, whatever a request asks)")
+    else:
+        evidence.append("draft_model: no /slots (--no-slots); the profile's drafter decides")
+    evidence.append("batch_size, cont_batching: not reported; llama-server's defaults (2048, on) are kept")
+    return params, evidence
+
+
+def draft_cap(drafts: float, draft_tokens: float) -> tuple[int | None, str]:
+    """--spec-draft-n-max from a lone request's counters: every round drafts the cap but its last
+    few (cut to the tokens left), so the mean over rounds rounds up to it."""
+    if not drafts:
+        return None, "spec_draft_n_max: the server counted no drafts; the model's default is kept"
+    mean = draft_tokens / drafts
+    cap = max(1, math.ceil(mean - 1e-9))
+    return cap, (f"spec_draft_n_max = {cap}: {draft_tokens:g} draft tokens over {drafts:g} rounds of a lone "
+                 f"{PROBE_TOKENS}-token request ({mean:.2f} a round; only its last rounds draft fewer)")
+
+
+def frontend_overhead(pairs: Sequence[tuple[float, float]]) -> tuple[float, str]:
+    """Per-request frontend time: a lone request's first token as the client saw it, less the
+    prompt time the server's `timings.prompt_ms` counted (HTTP, tokenizing, the hand-over)."""
+    gaps = [ttft - prompt_ms for ttft, prompt_ms in pairs]
+    ms = max(statistics.median(gaps), 0.0) if gaps else 0.0
+    shown = ", ".join(f"{g:.2f}" for g in gaps)
+    return round(ms, 4), f"frontend_ms = {ms:.3f}: median of client TTFT - timings.prompt_ms ({shown} ms)"
+
+
+def fit_llamacpp(server: Server) -> tuple[dict, list[str]]:
+    """Ask the server (/props, /slots), then time a few lone requests as the calibration sends them."""
+    url, body = server.url, server.body
+    params, evidence = llamacpp_reported(client.get_json(url, "/props"), client.get_json(url, "/slots"))
+    pairs = []
+    for i in range(FRONTEND_PROBES):
+        got = client.collect(url, body(text_prompt(16, f"frontend:{i}"), 2, False))
+        timings = _timings(got)
+        times = got.token_times_ms(got.sent_ns)
+        if timings and times and isinstance(timings.get("prompt_ms"), (int, float)):
+            pairs.append((times[0], float(timings["prompt_ms"])))
+    evidence.append(frontend_overhead(pairs)[1])
+    before = client.spec_counters(client.settled(lambda: client.try_scrape(url)))
+    client.collect(url, body(text_prompt(32, "draft-cap"), PROBE_TOKENS, True))
+    after = client.spec_counters(client.settled(lambda: client.try_scrape(url)))
+    if before is None or after is None:
+        evidence.append("spec_draft_n_max: no /metrics (start llama-server with --metrics); the default is kept")
+    else:
+        cap, line = draft_cap(after["drafts"] - before["drafts"], after["draft_tokens"] - before["draft_tokens"])
+        if cap is not None:
+            params["spec_draft_n_max"] = cap
+        evidence.append(line)
+    return params, evidence
+
+
+def _timings(got: client.Collected) -> dict | None:
+    return next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
+                None)
