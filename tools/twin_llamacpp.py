@@ -96,26 +96,25 @@ def calibrate(url: str, out: Path) -> dict:
         raise SystemExit(f"calibrate failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     print(proc.stdout)
     profile = json.loads(out.read_text())
-    if "server_params" not in profile:
-        kind, why = detect_kind(url)
-        params, evidence = server_params.fit_llamacpp(target.Server.connect(url))
-        profile.update(server=kind, server_params=params)
-        profile.setdefault("calibrated", {})["server_evidence"] = [why, *evidence]
-        out.write_text(json.dumps(profile, indent=1) + "\n")
-        print(f"kind {kind}: {why}\n" + "\n".join(evidence))
+    kind, why = detect_kind(url)
+    if kind != "llama.cpp":
+        raise SystemExit(f"{url} was detected as {kind} ({why}), not llama.cpp")
+    evidence = server_params.calibrate_llamacpp(profile, target.Server.connect(url))
+    out.write_text(json.dumps(profile, indent=1) + "\n")
+    print(f"kind {kind}: {why}\n" + "\n".join(evidence))
     return profile
 
 
 def print_table(config: str, name: str, measured: dict, twins: dict) -> None:
     print(f"\n== {config} / {name}: live {len(measured['runs'])} runs vs twins")
-    print(f"{'metric':<20}{'live':>10}{'spread':>8}" + "".join(f"{k:>12}{'err':>8}" for k in twins))
+    print(f"{'metric':<20}{'live':>10}{'spread':>8}" + "".join(f"{k:>17}{'err':>8}" for k in twins))
     for metric in TARGETS:
         m = measured["pooled"][metric]
         line = f"{metric:<20}{_f(m):>10}{_pct(measured['spread'].get(metric)):>8}"
         for rows in twins.values():
             row = rows[metric]
             mark = "" if row["within"] else "*"
-            line += f"{_f(row['predicted']):>12}{_pct(row['error']) + mark:>8}"
+            line += f"{_f(row['predicted']):>17}{_pct(row['error']) + mark:>8}"
         print(line)
 
 

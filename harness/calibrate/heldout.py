@@ -5,6 +5,7 @@ the live runs' spread, and llama-server's own step books beside the twin's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from itertools import pairwise
@@ -18,6 +19,7 @@ from harness.live import client
 from harness.run import runner
 from harness.run.scenario import Scenario
 from harness.run.workload import Workload
+from mocks import CostModel
 
 # lengths unlike the calibration's (16-1024-token prompts, 2-128-token budgets), half speculative
 HELD_OUT = {"prompt_len": {"min": 8, "max": 48}, "max_tokens": {"min": 16, "max": 96}, "speculative_share": 0.5}
@@ -67,15 +69,23 @@ def mean_counters(rows: list[dict]) -> dict:
 
 
 def twins(profile_path: Path, server: target.Server, speculates: bool) -> dict:
-    """{name: (profile, config)}: before, coopsched's scheduler at the costs; after, llama.cpp's."""
+    """{name: (profile, config)}: "coopsched", today's twin (coopsched's scheduler at the costs
+    calibrate fitted from token timing); "coopsched+costs", the same scheduler at the costs the
+    server kind's calibration replaced them with; "llama.cpp" (the profile's kind), the twin after,
+    and "llama.cpp@timing", that scheduler at today's costs."""
     profile = runner.Profile.load(profile_path)
+    data = json.loads(profile_path.read_text())
+    replaced = (data.get("calibrated") or {}).get("replaced") or {}
+    known = set(CostModel.__dataclass_fields__)
+    today = CostModel(**{k: v for k, v in {**data, **replaced}.items() if k in known})
     k = int(profile.server_params.get("spec_draft_n_max", 3)) + 1
     before = target.twin_config_of(server, None, k).with_(has_drafter=speculates)
     slots = int(profile.server_params.get("parallel", 4))
     after = SchedulerConfig(block_size=k, has_drafter=speculates, num_kv_slots=max(16, slots),
                             slot_tokens=server.context_tokens or 4096)
-    return {"coopsched": (replace(profile, server="coopsched", server_params={}), before),
-            "llama.cpp": (profile, after)}
+    reference = replace(profile, server="coopsched", server_params={})
+    return {"coopsched": (replace(reference, cost=today), before), "coopsched+costs": (reference, before),
+            f"{profile.server}@timing": (replace(profile, cost=today), after), profile.server: (profile, after)}
 
 
 def figures(runs: list[list[dict]]) -> dict:

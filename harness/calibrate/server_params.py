@@ -15,6 +15,7 @@ from harness.live import client
 # -- llama.cpp ------------------------------------------------------------------------------------
 PROBE_TOKENS = 64   # a lone speculative request's budget: its rounds give the draft cap
 FRONTEND_PROBES = 5
+STEP_ROWS, STEP_TOKENS, STEP_REPEATS = (1, 2, 4), 48, 3
 
 
 def llamacpp_reported(props: dict | None, slots: list | None) -> tuple[dict, list[str]]:
@@ -84,6 +85,62 @@ def fit_llamacpp(server: Server) -> tuple[dict, list[str]]:
     return params, evidence
 
 
+def step_ms(predicted: Sequence[tuple[float, int]], rounds: float | None) -> float:
+    """One step's time over requests that decoded together, from the server's own clock: each
+    one's `timings.predicted_ms` over its steps after the first token (its tokens - 1, or with a
+    draft model its rounds). Token timing cannot give it: on one core the stream comes in bunches."""
+    if rounds is not None:
+        return statistics.median(ms / rounds for ms, _ in predicted)
+    return statistics.median(ms / (n - 1) for ms, n in predicted if n > 1)
+
+
+def llamacpp_costs(server: Server, speculates: bool, n_max: int) -> tuple[dict, list[str]]:
+    """Cost terms from the server's own timings, STEP_ROWS requests decoding together: the decode
+    step at B rows (no draft model), or the step of B verify rows of K = n_max + 1 positions (a
+    draft call and one verify batch), priced as a verify of B x K positions."""
+    points, evidence = [], []
+    for rows in STEP_ROWS:
+        samples = []
+        for rep in range(STEP_REPEATS):
+            before = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
+            outs = server.together([server.body(text_prompt(16, f"step:{rows}:{rep}:{i}"), STEP_TOKENS, False)
+                                    for i in range(rows)])
+            after = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
+            timed = [(float(t["predicted_ms"]), int(t["predicted_n"])) for t in map(_timings, outs)
+                     if t and t.get("predicted_n")]
+            rounds = None
+            if speculates and before is not None and after is not None:
+                rounds = (after["drafts"] - before["drafts"]) / rows
+            if timed and (rounds is None or rounds > 0):
+                samples.append(step_ms(timed, rounds))
+        if samples:
+            ms = statistics.median(samples)
+            points.append([rows * (n_max + 1) if speculates else rows, round(ms, 4)])
+            evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {ms:.3f} ms "
+                            f"(timings.predicted_ms over {'rounds' if speculates else 'tokens - 1'}, "
+                            f"{', '.join(f'{x:.3f}' for x in samples)})")
+    if not points:
+        return {}, ["no step timed from the server's timings: the calibrated decode terms are kept"]
+    if not speculates:
+        return {"decode_ms": points}, evidence
+    # every step's positions priced alike: a verify batch, and a decode or fused step by its width
+    return {"verify_ms": points, "decode_ms": points, "round_ms": None, "draft_per_token_ms": 0.0,
+            "fused_padding": "ragged"}, evidence
+
+
 def _timings(got: client.Collected) -> dict | None:
     return next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
                 None)
+
+
+def calibrate_llamacpp(profile: dict, server: Server) -> list[str]:
+    """A `calibrate --target` profile of a llama-server made its twin's: kind, server params and
+    the step costs from its own timings (the replaced terms kept in calibrated.replaced)."""
+    params, evidence = fit_llamacpp(server)
+    speculates = bool(params.get("draft_model", profile.get("calibrated", {}).get("fit", {}).get("speculates")))
+    costs, more = llamacpp_costs(server, speculates, int(params.get("spec_draft_n_max", 3)))
+    calibrated = profile.setdefault("calibrated", {})
+    calibrated["replaced"] = {k: profile.get(k) for k in costs}
+    profile.update(costs, server="llama.cpp", server_params=params)
+    calibrated["server_evidence"] = [*evidence, *more]
+    return calibrated["server_evidence"]

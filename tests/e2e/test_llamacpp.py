@@ -298,3 +298,53 @@ def test_calibrate_writes_a_profile_and_its_report(llama, tmp_path, capsys):
         assert fit["speculates"] is True and fit["unfitted"] == {}, fit
         assert fit["server_drafts"]["draft_tokens"] > 0 and 0 < profile["accept_prob"] < 1, fit
     assert "the twin vs" in proc.stdout and report["speculates"] is (config == "draft")
+
+
+# -- the twin: llama.cpp's scheduler at the calibrated costs ------------------------------------
+HELD_OUT_RATE, HELD_OUT_REQUESTS = 5.0, 30
+
+
+def test_the_twin_is_llama_cpps_and_predicts_a_held_out_workload(llama, tmp_path, capsys):
+    """Detected as llama.cpp; calibrated (costs, then the server params); a held-out open-loop
+    workload live RUNS times vs the twin: aggregate tokens/s within the rule (10%, or 1.5x the live
+    spread), and with a draft model the twin drafts as often as the server counted, where
+    coopsched's own scheduler (the twin before) speculates only the speculative half."""
+    from harness.calibrate import heldout, server_params, target, twin
+    from harness.calibrate.detect import detect_kind
+
+    config, url = llama
+    kind, why = detect_kind(url)
+    assert kind == "llama.cpp", why
+    profile_path = tmp_path / "profile.json"
+    proc = coopsched("calibrate", "--target", url, "--out", str(profile_path), "--max-batch", "4", cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    profile = json.loads(profile_path.read_text())
+    server = target.Server.connect(url)
+    evidence = server_params.calibrate_llamacpp(profile, server)
+    params = profile["server_params"]
+    assert params["parallel"] == 4 and params["draft_model"] is (config == "draft"), evidence
+    if config == "draft":
+        assert params["spec_draft_n_max"] == 3, evidence
+    profile_path.write_text(json.dumps(profile))
+    speculates = profile["calibrated"]["fit"]["speculates"]
+    scenario = heldout.workload(HELD_OUT_RATE, HELD_OUT_REQUESTS)
+    scenario = scenario if speculates else twin.classic(scenario)
+    books: list = []
+    measured = heldout.figures(heldout.live(server, scenario, RUNS, counters=books))
+    models = heldout.twins(profile_path, server, speculates)
+    rows, steps = {}, {"live": heldout.mean_counters(books)}
+    for name, (p, c) in models.items():
+        runs, counted = heldout.simulate(p, scenario, c, range(RUNS))
+        rows[name], steps[name] = heldout.error_row(heldout.figures(runs), measured), heldout.mean_counters(counted)
+    record(config, "twin", {"params": params, "evidence": evidence, "rows": rows, "steps": steps})
+    with capsys.disabled():
+        print(f"\n-- the twin vs llama-server ({config}) --")
+        for metric, row in rows["llama.cpp"].items():
+            print(f"  {metric}: predicted {row['predicted']:.2f}, live {row['measured']:.2f}, error "
+                  f"{row['error']:+.1%}, spread {row['spread']:.1%}, within: {row['within']}")
+        print(f"  books: {steps}")
+    assert rows["llama.cpp"]["aggregate_tok_s"]["within"], rows["llama.cpp"]
+    if config == "draft":
+        live_drafts = steps["live"]["drafts"]
+        assert abs(steps["llama.cpp"]["drafts"] / live_drafts - 1) <= 0.15, steps
+        assert steps["coopsched"]["drafts"] < 0.75 * live_drafts, steps  # the twin before misses it

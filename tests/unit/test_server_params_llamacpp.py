@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.calibrate.server_params import draft_cap, frontend_overhead, llamacpp_reported
+from harness.calibrate.server_params import draft_cap, frontend_overhead, llamacpp_reported, step_ms
 
 PROPS = {"total_slots": 4, "default_generation_settings": {"n_ctx": 1024}}
 SLOTS = [{"id": i, "speculative": True, "n_ctx": 1024} for i in range(4)]
@@ -40,3 +40,12 @@ def test_no_drafts_keep_the_default():
 def test_frontend_time_is_the_median_gap_so_one_stall_does_not_move_it():
     ms, line = frontend_overhead([(3.0, 2.0), (2.9, 1.8), (160.0, 2.0), (3.2, 2.0), (2.5, 1.3)])
     assert ms == pytest.approx(1.2) and "160.00" not in line and "158.00" in line
+
+
+@pytest.mark.parametrize("predicted, rounds, ms", [
+    pytest.param([(47.0, 48), (94.0, 48)], None, 1.5, id="decode-steps-after-the-first-token"),
+    pytest.param([(40.0, 48), (60.0, 48)], 20.0, 2.5, id="rounds-with-a-draft-model"),
+    pytest.param([(5.0, 1), (47.0, 48)], None, 1.0, id="a-lone-token-has-no-step"),
+])
+def test_a_step_is_the_servers_generation_time_over_its_steps(predicted, rounds, ms):
+    assert step_ms(predicted, rounds) == pytest.approx(ms)
