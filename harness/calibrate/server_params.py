@@ -86,39 +86,45 @@ def fit_llamacpp(server: Server) -> tuple[dict, list[str]]:
 
 
 def step_ms(predicted: Sequence[tuple[float, int]], rounds: float | None) -> float:
-    """One step's time over requests that decoded together, from the server's own clock: each
-    one's `timings.predicted_ms` over its steps after the first token (its tokens - 1, or with a
-    draft model its rounds). Token timing cannot give it: on one core the stream comes in bunches."""
+    """One step's time over requests that decoded together: each one's generation span (the
+    server's `timings.predicted_ms`, or the client's first to last token) over its steps after the
+    first token (its tokens - 1, or with a draft model its rounds, which the server counts). A
+    whole span, not the gaps between tokens: on one core llama-server streams in bunches."""
     if rounds is not None:
         return statistics.median(ms / rounds for ms, _ in predicted)
     return statistics.median(ms / (n - 1) for ms, n in predicted if n > 1)
 
 
 def llamacpp_costs(server: Server, speculates: bool, n_max: int) -> tuple[dict, list[str]]:
-    """Cost terms from the server's own timings, STEP_ROWS requests decoding together: the decode
-    step at B rows (no draft model), or the step of B verify rows of K = n_max + 1 positions (a
-    draft call and one verify batch), priced as a verify of B x K positions."""
+    """Step costs with the server's own step counts, STEP_ROWS requests decoding together: the
+    decode step at B rows (no draft model), or the step of B verify rows of K = n_max + 1 positions
+    (a draft call and one verify batch), priced as a verify of B x K positions. A step is priced as
+    the client sees it (the server's time plus its host and delivery work, which share the core);
+    the server's own time is the evidence beside it."""
     points, evidence = [], []
     for rows in STEP_ROWS:
-        samples = []
+        served, seen = [], []
         for rep in range(STEP_REPEATS):
             before = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
             outs = server.together([server.body(text_prompt(16, f"step:{rows}:{rep}:{i}"), STEP_TOKENS, False)
                                     for i in range(rows)])
             after = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
-            timed = [(float(t["predicted_ms"]), int(t["predicted_n"])) for t in map(_timings, outs)
-                     if t and t.get("predicted_n")]
+            timed = [(float(t["predicted_ms"]), int(t["predicted_n"]), got.token_times_ms(got.sent_ns))
+                     for got, t in zip(outs, map(_timings, outs)) if t and t.get("predicted_n")]
             rounds = None
             if speculates and before is not None and after is not None:
                 rounds = (after["drafts"] - before["drafts"]) / rows
             if timed and (rounds is None or rounds > 0):
-                samples.append(step_ms(timed, rounds))
-        if samples:
-            ms = statistics.median(samples)
-            points.append([rows * (n_max + 1) if speculates else rows, round(ms, 4)])
-            evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {ms:.3f} ms "
-                            f"(timings.predicted_ms over {'rounds' if speculates else 'tokens - 1'}, "
-                            f"{', '.join(f'{x:.3f}' for x in samples)})")
+                served.append(step_ms([(ms, n) for ms, n, _ in timed], rounds))
+                seen.append(step_ms([(times[-1] - times[0], n) for _, n, times in timed if times], rounds))
+        if served:
+            ms, client_ms = statistics.median(served), statistics.median(seen)
+            points.append([rows * (n_max + 1) if speculates else rows, round(client_ms, 4)])
+            evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {client_ms:.3f} ms as the "
+                            f"client sees it, {ms:.3f} ms on the server's clock (timings.predicted_ms), so "
+                            f"{client_ms - ms:+.3f} ms of host and delivery a step (over "
+                            f"{'rounds' if speculates else 'tokens - 1'}; the client's "
+                            f"{', '.join(f'{x:.3f}' for x in seen)})")
     if not points:
         return {}, ["no step timed from the server's timings: the calibrated decode terms are kept"]
     if not speculates:
