@@ -1,0 +1,142 @@
+"""The scheduler parameters a server does not report, fitted from how it serves a few probes: one
+function per server kind, each returning the twin's `server_params` and the evidence it measured
+(printed as it goes), beside the cost terms `calibrate --target` fits.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from harness.calibrate import fit
+from harness.calibrate.target import Server, arrivals_ms, text_prompt
+
+Say = Callable[[str], None]
+
+SERIAL_LONG_MS, SERIAL_DELAY_MS = 1500.0, 50.0  # a request decoding longer than a wave, a second sent
+                                                # soon after it: does the second wait for the first's end?
+CAP_STREAMS, CAP_LONG_MS = 24, 800.0  # more streams than the prefill batch (a decode cap under 24 shows),
+                                      # each decoding long enough to outlast the wave they wait for,
+CAP_EVERY_MS = 5.0                 # sent this far apart: mlx_lm.server listens with a backlog of 5
+WAVE_LONG_MS = 2500.0              # a request decoding this long while probes arrive ...
+WAVE_PROBES, WAVE_EVERY_MS = 12, 100.0  # ... one every 100 ms from 100 ms on
+WAVE_GAP_MS = 40.0                 # first tokens further apart than this start another wave
+
+
+def fit_params(kind: str, server: Server, profile: dict, say: Say | None = None) -> tuple[dict, dict]:
+    """(server_params, evidence) for a `kind` server whose cost terms are `profile` (CostModel keys)."""
+    fitter = FITTERS.get(kind)
+    return fitter(server, profile, say or (lambda _: None)) if fitter else ({}, {})
+
+
+def fit_mlx_lm(server: Server, profile: dict, say: Say) -> tuple[dict, dict]:
+    """mlx_lm.server: serialization (a draft model is loaded), then for the batched path its decode
+    cap and prefill batch (a concurrency probe) and its wave budget (first tokens' steps)."""
+    step_ms = float(profile["decode_ms"][0][1])  # a decode step at the smallest batch
+    serial, evidence = serial_probe(server, step_ms)
+    say(f"mlx-lm: {evidence['serial']['says']}")
+    if serial:
+        params = {"draft_model": True}
+        if evidence["serial"]["max_tokens_per_round"] > 1:
+            params["num_draft_tokens"] = evidence["serial"]["max_tokens_per_round"] - 1
+        return params, evidence
+    cap, prompt, evidence["concurrency"] = concurrency_probe(server, step_ms, float(profile["decode_ms"][-1][1]))
+    say(f"mlx-lm: {evidence['concurrency']['says']}")
+    wave, evidence["waves"] = wave_probe(server, step_ms)
+    say(f"mlx-lm: {evidence['waves']['says']}")
+    params = {"draft_model": False, "wave_ms": wave}
+    params.update({k: v for k, v in (("decode_concurrency", cap), ("prompt_concurrency", prompt)) if v})
+    return params, evidence
+
+
+def _times(got) -> list[float]:
+    times, counts = arrivals_ms(got)
+    return [t for t, n in zip(times, counts) for _ in range(n)]
+
+
+def serial_probe(server: Server, step_ms: float) -> tuple[bool, dict]:
+    """A long request, and a short one sent just after it: serialized when the short one's first token
+    follows the long one's last (the long one outlasts a wave, so waves alone do not delay it so)."""
+    long_tokens = int(SERIAL_LONG_MS / max(step_ms, 0.5))
+    bodies = [server.body(text_prompt(16, "serial:long"), long_tokens, True),
+              server.body(text_prompt(16, "serial:short"), 8, True)]
+    outs = server.together(bodies, [0.0, SERIAL_DELAY_MS])
+    origin = min(o.sent_ns for o in outs)
+    a, b = ([t + (o.sent_ns - origin) / 1e6 for t in _times(o)] for o in outs)
+    serial = b[0] >= a[-1]
+    groups = [fit.group_arrivals(*arrivals_ms(o)) for o in outs]
+    most = max((g.num_tokens for gs in groups for g in gs), default=1)
+    says = (f"a request sent {SERIAL_DELAY_MS:.0f} ms after a long one got its first token {b[0] - a[-1]:.1f} ms "
+            f"after the long one's last: one request at a time (a draft model is loaded; up to {most} tokens "
+            "a round)" if serial else
+            f"a request sent {SERIAL_DELAY_MS:.0f} ms after a long one got its first token at {b[0]:.0f} ms, "
+            f"{a[-1] - b[0]:.0f} ms before the long one's last: the batched path")
+    return serial, {"serial": {"serial": serial, "first_ms": [a[0], b[0]], "last_ms": [a[-1], b[-1]],
+                               "max_tokens_per_round": int(most), "says": says}}
+
+
+def concurrency_probe(server: Server, step_ms: float, batch_step_ms: float) -> tuple[int | None, int | None, dict]:
+    """A long request, then CAP_STREAMS more just after it (so they join it together, in one wave):
+    the most streams decoding at once (the decode cap, when under all of them) and how many first
+    tokens come out of one step (the prefill batch)."""
+    tokens = int(CAP_LONG_MS / max(batch_step_ms, 0.5))
+    bodies = [server.body(text_prompt(16, "cap:anchor"), int(2 * SERIAL_LONG_MS / max(step_ms, 0.5)), False)]
+    bodies += [server.body(text_prompt(16, f"cap:{i}"), tokens, False) for i in range(CAP_STREAMS)]
+    outs = server.together(bodies, [0.0] + [SERIAL_DELAY_MS + CAP_EVERY_MS * i for i in range(CAP_STREAMS)])
+    origin = min(o.sent_ns for o in outs)
+    spans = [(t[0], t[-1]) for t in ([x + (o.sent_ns - origin) / 1e6 for x in _times(o)] for o in outs) if t]
+    most = max(sum(first <= t <= last for first, last in spans) for t, _ in spans)
+    cap = most if most < len(spans) else None
+    firsts = sorted(first for first, _ in spans[1:])
+    sizes = cluster_sizes(firsts, max(0.5 * step_ms, 0.5))
+    full = sizes[:-1] or sizes  # the last group takes what is left
+    prompt = int(max(set(full), key=lambda n: (full.count(n), n))) if len(sizes) > 1 else None
+    says = (f"{len(spans) - 1} requests sent just after a long one: at most {most} of the {len(spans)} decoded at "
+            "once " + ("(the decode cap)" if cap else f"(no cap under {len(spans)}: the default is kept)")
+            + f"; their first tokens came {len(sizes)} steps in groups of {sizes}"
+            + (f" (prefill batch {prompt})" if prompt else " (one group: the prefill batch is not seen)"))
+    return cap, prompt, {"streams": len(spans), "most_decoding": most, "first_token_groups": sizes,
+                         "says": says}
+
+
+def cluster_sizes(times: Sequence[float], gap_ms: float) -> list[int]:
+    """Sizes of the runs of sorted times closer than gap_ms to their neighbour."""
+    sizes = [1] if times else []
+    for a, b in itertools.pairwise(times):
+        if b - a > gap_ms:
+            sizes.append(1)
+        else:
+            sizes[-1] += 1
+    return sizes
+
+
+def wave_probe(server: Server, step_ms: float) -> tuple[float, dict]:
+    """A long request decodes while probes arrive every WAVE_EVERY_MS: a server that inserts requests
+    in waves gives them first tokens in clusters, one per wave; wave_ms is the clusters' spacing."""
+    long_tokens = int(WAVE_LONG_MS / max(step_ms, 0.5))
+    bodies = [server.body(text_prompt(16, "wave:long"), long_tokens, False)]
+    bodies += [server.body(text_prompt(16, f"wave:{i}"), 2, False) for i in range(WAVE_PROBES)]
+    offsets = [0.0] + [WAVE_EVERY_MS * (i + 1) for i in range(WAVE_PROBES)]
+    outs = server.together(bodies, offsets)
+    origin = min(o.sent_ns for o in outs)
+    long_last = _times(outs[0])[-1] + (outs[0].sent_ns - origin) / 1e6
+    firsts = sorted(_times(o)[0] + (o.sent_ns - origin) / 1e6 for o in outs[1:] if o.arrivals)
+    ttfts = [_times(o)[0] for o in outs[1:] if o.arrivals]
+    starts = [firsts[0]] + [b for a, b in itertools.pairwise(firsts) if b - a > WAVE_GAP_MS]
+    spacing = [b - a for a, b in itertools.pairwise(starts)]
+    wave = round(float(np.median(spacing)), 1) if len(spacing) >= 1 and max(ttfts) > 2 * WAVE_GAP_MS else 0.0
+    if wave:
+        says = (f"probes arriving every {WAVE_EVERY_MS:.0f} ms while a request decoded got first tokens in "
+                f"{len(starts)} waves {', '.join(f'{s:.0f}' for s in spacing)} ms apart (TTFT up to "
+                f"{max(ttfts):.0f} ms): wave_ms {wave}")
+    else:
+        says = f"probes arriving while a request decoded started at once (TTFT at most {max(ttfts):.0f} ms): no waves"
+    if long_last < firsts[-1]:
+        says += f" (the long request ended at {long_last:.0f} ms, before the last probe started: fewer waves seen)"
+    return wave, {"wave_starts_ms": [round(s, 1) for s in starts], "ttft_ms": [round(t, 1) for t in ttfts],
+                  "long_ended_ms": round(long_last, 1), "wave_ms": wave, "says": says}
+
+
+FITTERS: dict[str, Callable[[Server, dict, Say], tuple[dict, dict]]] = {"mlx-lm": fit_mlx_lm}
