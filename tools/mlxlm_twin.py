@@ -108,7 +108,8 @@ def check(args) -> int:
         runs.append(figures(live(args.url, scenario, i)))
         print(f"live run {i + 1}: " + ", ".join(f"{m} {_f(runs[-1][m])}" for m in METRICS), flush=True)
     measured, spread = mean_of(runs), spread_of(runs)
-    twins = {"before": mean_of([figures(simulate(document, "coopsched", {}, scenario, s)) for s in range(3)]),
+    before = {**document, **document.get("calibrated", {}).get("coopsched_terms", {})}
+    twins = {"before": mean_of([figures(simulate(before, "coopsched", {}, scenario, s)) for s in range(3)]),
              "after": mean_of([figures(simulate(document, "mlx-lm", document.get("server_params", {}), scenario, s))
                                for s in range(3)])}
     report = {"rate_per_s": args.rate, "requests": args.requests, "runs": runs, "measured": measured,
@@ -138,11 +139,14 @@ def calibrate(args) -> int:
                        check=True, env=env)
     document = json.loads(Path(args.out).read_text())
     server = target.Server.connect(args.url)
-    params, evidence = server_params.fit_params("mlx-lm", server, document, print)
-    document.update(server="mlx-lm", server_params=params)
-    document.setdefault("calibrated", {})["server_evidence"] = evidence
+    params, evidence, cost = server_params.fit_params("mlx-lm", server, document,
+                                                      document["calibrated"]["fit"], print)
+    calibrated = document.setdefault("calibrated", {})
+    calibrated.setdefault("coopsched_terms", {k: document.get(k) for k in cost})  # what the cost-only twin priced
+    document.update(cost, server="mlx-lm", server_params=params)
+    calibrated["server_evidence"] = evidence
     Path(args.out).write_text(json.dumps(document, indent=1) + "\n")
-    print(f"{args.out}: server mlx-lm, server_params {params}")
+    print(f"{args.out}: server mlx-lm, server_params {params}, cost terms {cost}")
     return 0
 
 

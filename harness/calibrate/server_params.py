@@ -1,6 +1,6 @@
 """The scheduler parameters a server does not report, fitted from how it serves a few probes: one
-function per server kind, each returning the twin's `server_params` and the evidence it measured
-(printed as it goes), beside the cost terms `calibrate --target` fits.
+function per server kind, each returning the twin's `server_params`, the evidence it measured (printed
+as it goes) and any cost terms its model prices differently from `calibrate --target`'s fit.
 """
 
 from __future__ import annotations
@@ -25,30 +25,56 @@ WAVE_PROBES, WAVE_EVERY_MS = 12, 100.0  # ... one every 100 ms from 100 ms on
 WAVE_GAP_MS = 40.0                 # first tokens further apart than this start another wave
 
 
-def fit_params(kind: str, server: Server, profile: dict, say: Say | None = None) -> tuple[dict, dict]:
-    """(server_params, evidence) for a `kind` server whose cost terms are `profile` (CostModel keys)."""
+Fitted = tuple[dict, dict, dict]  # (server_params, evidence, CostModel terms to override)
+
+
+def fit_params(kind: str, server: Server, profile: dict, fitted: dict, say: Say | None = None) -> Fitted:
+    """For a `kind` server whose cost terms are `profile` (CostModel keys) and `fitted` the
+    calibration's own fit record (its TTFT points)."""
     fitter = FITTERS.get(kind)
-    return fitter(server, profile, say or (lambda _: None)) if fitter else ({}, {})
+    return fitter(server, profile, fitted, say or (lambda _: None)) if fitter else ({}, {}, {})
 
 
-def fit_mlx_lm(server: Server, profile: dict, say: Say) -> tuple[dict, dict]:
+def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     """mlx_lm.server: serialization (a draft model is loaded), then for the batched path its decode
-    cap and prefill batch (a concurrency probe) and its wave budget (first tokens' steps)."""
+    cap and prefill batch (a concurrency probe) and its wave budget (first tokens' steps); and its
+    prefill line, refitted for the prompts a workload sends."""
     step_ms = float(profile["decode_ms"][0][1])  # a decode step at the smallest batch
-    serial, evidence = serial_probe(server, step_ms)
+    cost, evidence = prefill_line(fitted, profile.get("jitter_quantiles") or {})
+    say(f"mlx-lm: {evidence['prefill']['says']}")
+    serial, evidence["serial"] = serial_probe(server, step_ms)
     say(f"mlx-lm: {evidence['serial']['says']}")
-    if serial:
-        params = {"draft_model": True}
-        if evidence["serial"]["max_tokens_per_round"] > 1:
-            params["num_draft_tokens"] = evidence["serial"]["max_tokens_per_round"] - 1
-        return params, evidence
+    if serial:  # --num-draft-tokens is not told apart by timing (rounds arrive close together): its default
+        return {"draft_model": True}, evidence, cost
     cap, prompt, evidence["concurrency"] = concurrency_probe(server, step_ms, float(profile["decode_ms"][-1][1]))
     say(f"mlx-lm: {evidence['concurrency']['says']}")
     wave, evidence["waves"] = wave_probe(server, step_ms)
     say(f"mlx-lm: {evidence['waves']['says']}")
     params = {"draft_model": False, "wave_ms": wave}
     params.update({k: v for k, v in (("decode_concurrency", cap), ("prompt_concurrency", prompt)) if v})
-    return params, evidence
+    return params, evidence, cost
+
+
+def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
+    """One TTFT line over every lone request (mlx_lm.server ignores `speculative`, so its classic and
+    speculative probes took one path), fitted on relative error: a least-squares line through prompts
+    of 16 to 1024 tokens follows the longest (attention grows past linear) and prices a 40-token
+    prompt at twice its TTFT. The twin's first token is priced by this line, drafter or not."""
+    points = [(x, y) for key in ("prefill", "slice0") for x, y, *_ in (fitted.get(key) or {}).get("points", [])]
+    xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    keep = ys > 0
+    slope, fixed = np.polyfit(xs[keep], ys[keep], 1, w=1.0 / ys[keep])
+    if fixed < 0:  # no negative fixed cost: the line through the origin, same weights
+        slope, fixed = float(np.sum(xs[keep] / ys[keep]) / np.sum((xs[keep] / ys[keep]) ** 2)), 0.0
+    ratios = [float(y / (fixed + slope * x)) for x, y in zip(xs[keep], ys[keep])]
+    residuals = [r - 1 for r in ratios]
+    cost = {"prefill_fixed_ms": round(float(fixed), 4), "prefill_per_token_ms": round(float(slope), 5),
+            "draft_prefill_per_token_ms": 0.0,  # the spread around this line, not the old one's
+            "jitter_quantiles": {**quantiles, "prefill": fit.jitter_quantiles(ratios)}}
+    says = (f"TTFT of {int(keep.sum())} lone requests ({int(xs.min())}-{int(xs.max())} tokens), on relative "
+            f"error: {fixed:.2f} ms + {slope:.4f} ms a token (median |residual| "
+            f"{float(np.median(np.abs(residuals))):.0%})")
+    return cost, {"prefill": {**{k: v for k, v in cost.items() if k != "jitter_quantiles"}, "says": says}}
 
 
 def _times(got) -> list[float]:
@@ -66,15 +92,11 @@ def serial_probe(server: Server, step_ms: float) -> tuple[bool, dict]:
     origin = min(o.sent_ns for o in outs)
     a, b = ([t + (o.sent_ns - origin) / 1e6 for t in _times(o)] for o in outs)
     serial = b[0] >= a[-1]
-    groups = [fit.group_arrivals(*arrivals_ms(o)) for o in outs]
-    most = max((g.num_tokens for gs in groups for g in gs), default=1)
     says = (f"a request sent {SERIAL_DELAY_MS:.0f} ms after a long one got its first token {b[0] - a[-1]:.1f} ms "
-            f"after the long one's last: one request at a time (a draft model is loaded; up to {most} tokens "
-            "a round)" if serial else
+            "after the long one's last: one request at a time (a draft model is loaded)" if serial else
             f"a request sent {SERIAL_DELAY_MS:.0f} ms after a long one got its first token at {b[0]:.0f} ms, "
             f"{a[-1] - b[0]:.0f} ms before the long one's last: the batched path")
-    return serial, {"serial": {"serial": serial, "first_ms": [a[0], b[0]], "last_ms": [a[-1], b[-1]],
-                               "max_tokens_per_round": int(most), "says": says}}
+    return serial, {"serial": serial, "first_ms": [a[0], b[0]], "last_ms": [a[-1], b[-1]], "says": says}
 
 
 def concurrency_probe(server: Server, step_ms: float, batch_step_ms: float) -> tuple[int | None, int | None, dict]:
@@ -139,4 +161,4 @@ def wave_probe(server: Server, step_ms: float) -> tuple[float, dict]:
                   "long_ended_ms": round(long_last, 1), "wave_ms": wave, "says": says}
 
 
-FITTERS: dict[str, Callable[[Server, dict, Say], tuple[dict, dict]]] = {"mlx-lm": fit_mlx_lm}
+FITTERS: dict[str, Callable[[Server, dict, dict, Say], Fitted]] = {"mlx-lm": fit_mlx_lm}
