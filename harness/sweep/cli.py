@@ -28,7 +28,6 @@ from harness.run.scenario import Scenario
 from harness.run.slo import Slo
 from harness.sweep import dispatch, points
 from harness.sweep.points import SweepError
-from mocks import CostModel
 
 DEFAULT_SLO = slo_module.parse_slo(slo_module.DEFAULT_SLO)
 DEFAULT_SEEDS = 3  # capacity is a mean over seeds: one Poisson draw can flatter or punish a load
@@ -155,7 +154,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
         if args.target:
             raise SweepError(f"--cost {args.cost} prices the virtual-time mock, and a --target sweep measures the "
                              "server itself: drop one")
-        scen = runner.priced(scen, CostModel.load(args.cost))
+        profile = runner.Profile.load(args.cost)
+        scen = runner.priced(scen, profile)
+        if profile.note:
+            print(f"note: {profile.note}", file=sys.stderr)
     if args.prefill_grant_interval is not None:
         if args.target:
             raise SweepError(f"--prefill-grant-interval {args.prefill_grant_interval} sets the virtual-time "
