@@ -142,7 +142,9 @@ def calibrate(args) -> int:
     params, evidence, cost = server_params.fit_params("mlx-lm", server, document,
                                                       document["calibrated"]["fit"], print)
     calibrated = document.setdefault("calibrated", {})
-    calibrated.setdefault("coopsched_terms", {k: document.get(k) for k in cost})  # what the cost-only twin priced
+    # what the cost-only twin priced, for the before column
+    calibrated.setdefault("coopsched_terms", {k: document.get(k) for k in cost if k != "jitter_quantiles"})
+    calibrated["coopsched_terms"].setdefault("jitter_quantiles", document.get("jitter_quantiles"))
     document.update(cost, server="mlx-lm", server_params=params)
     calibrated["server_evidence"] = evidence
     Path(args.out).write_text(json.dumps(document, indent=1) + "\n")
