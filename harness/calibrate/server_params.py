@@ -131,8 +131,8 @@ def concurrency_probe(server: Server, step_ms: float, batch_step_ms: float) -> t
     cap = most if most < len(spans) else None
     firsts = sorted(first for first, _ in spans[1:])
     sizes = cluster_sizes(firsts, max(0.5 * step_ms, 0.5))
-    full = sizes[:-1] or sizes  # the last group takes what is left
-    prompt = int(max(set(full), key=lambda n: (full.count(n), n))) if len(sizes) > 1 else None
+    # the largest group: once a decode cap binds, rows join one or two at a time as others finish
+    prompt = max(sizes) if len(sizes) > 1 else None
     says = (f"{len(spans) - 1} requests sent just after a long one: at most {most} of the {len(spans)} decoded at "
             "once " + ("(the decode cap)" if cap else f"(no cap under {len(spans)}: the default is kept)")
             + f"; their first tokens came {len(sizes)} steps in groups of {sizes}"
