@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from coopsched.core.append import Vocab
 from coopsched.core.config import SchedulerConfig
+from coopsched.core.kv import KVSlotPool
 from coopsched.core.plan import Committed, Decode, Plan, Prefill, Result, Verify
 from coopsched.core.request import Request
 from coopsched.core.types import ActionKind, TickKind
@@ -64,6 +65,10 @@ class MlxLmModel(StepModel):
         wave = self.params["wave_ms"]
         if not isinstance(wave, (int, float)) or isinstance(wave, bool) or wave < 0:
             raise ValueError(f"server_params wave_ms={wave!r}: want a number of ms >= 0")
+        # mlx_lm.server holds no slots: the pool holds what its batches can (the cap may be overshot
+        # by one prefill batch, and another may be prefilling)
+        self.kv = KVSlotPool(max(config.num_kv_slots, self.cap + 2 * self.param("prompt_concurrency")),
+                             config.slot_tokens)
         self._rows: dict[str, _Row] = {}
         self._inserted: list[Request] = []  # in the generator's queue, not yet in its prompt batch
         self._now_ms = 0.0                  # the end of the last step: time arrives with each commit

@@ -157,3 +157,12 @@ def test_check_serial_catches_batching_under_a_draft_model(monkeypatch):
     times, _ = run([req("a", max_tokens=12), req("b", max_tokens=12)], draft_model=True)
     with pytest.raises(AssertionError):
         check_serial(times)
+
+
+def test_the_batch_is_not_capped_by_coopsched_slots():
+    """mlx_lm.server holds no KV slots: 20 requests decode together under a config of 16 slots."""
+    clock = ManualClock()
+    backend = MockBackend(clock, COST, MockTarget(), MockDrafter(0.7, seed=0))
+    model = MlxLmModel(SchedulerConfig(num_kv_slots=16), {"prompt_concurrency": 20})
+    ticks = Engine(model, backend, clock).run([req(f"r{i}", max_tokens=20) for i in range(20)]).ticks
+    assert max(len(t.request_ids) for t in model_ticks(ticks) if t.action is ActionKind.DECODE) == 20
