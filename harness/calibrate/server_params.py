@@ -20,7 +20,7 @@ SERIAL_LONG_MS, SERIAL_DELAY_MS = 1500.0, 50.0  # a request decoding longer than
 CAP_STREAMS, CAP_LONG_MS = 24, 800.0  # more streams than the prefill batch (a decode cap under 24 shows),
                                       # each decoding long enough to outlast the wave they wait for,
 CAP_EVERY_MS = 5.0                 # sent this far apart: mlx_lm.server listens with a backlog of 5
-WAVE_LONG_MS = 2500.0              # a request decoding this long while probes arrive ...
+WAVE_LONG_MS = 4000.0              # a request decoding this long while probes arrive ...
 WAVE_PROBES, WAVE_EVERY_MS = 12, 100.0  # ... one every 100 ms from 100 ms on
 DEFAULT_NUM_DRAFT = 3              # mlx_lm.server's --num-draft-tokens default
 WAVE_GAP_MS = 40.0                 # first tokens further apart than this start another wave
@@ -164,12 +164,10 @@ def wave_probe(server: Server, step_ms: float) -> tuple[float, dict]:
     long_last = _times(outs[0])[-1] + (outs[0].sent_ns - origin) / 1e6
     firsts = sorted(_times(o)[0] + (o.sent_ns - origin) / 1e6 for o in outs[1:] if o.arrivals)
     ttfts = [_times(o)[0] for o in outs[1:] if o.arrivals]
-    starts = [firsts[0]] + [b for a, b in itertools.pairwise(firsts) if b - a > WAVE_GAP_MS]
-    spacing = [b - a for a, b in itertools.pairwise(starts)]
-    wave = round(float(np.median(spacing)), 1) if len(spacing) >= 1 and max(ttfts) > 2 * WAVE_GAP_MS else 0.0
+    wave, starts, spacing = waves_of(firsts, ttfts, long_last)
     if wave:
         says = (f"probes arriving every {WAVE_EVERY_MS:.0f} ms while a request decoded got first tokens in "
-                f"{len(starts)} waves {', '.join(f'{s:.0f}' for s in spacing)} ms apart (TTFT up to "
+                f"{len(spacing) + 1} waves {', '.join(f'{s:.0f}' for s in spacing)} ms apart (TTFT up to "
                 f"{max(ttfts):.0f} ms): wave_ms {wave}")
     else:
         says = f"probes arriving while a request decoded started at once (TTFT at most {max(ttfts):.0f} ms): no waves"
@@ -177,6 +175,16 @@ def wave_probe(server: Server, step_ms: float) -> tuple[float, dict]:
         says += f" (the long request ended at {long_last:.0f} ms, before the last probe started: fewer waves seen)"
     return wave, {"wave_starts_ms": [round(s, 1) for s in starts], "ttft_ms": [round(t, 1) for t in ttfts],
                   "long_ended_ms": round(long_last, 1), "wave_ms": wave, "says": says}
+
+
+def waves_of(firsts: Sequence[float], ttfts: Sequence[float], long_last: float) -> tuple[float, list, list]:
+    """(wave_ms, cluster starts, their spacing): first tokens further apart than WAVE_GAP_MS start a
+    cluster; only clusters while the long request ran count (after it the batch drains and a probe
+    starts at once); no waves when every probe started within 2 x WAVE_GAP_MS."""
+    starts = [firsts[0]] + [b for a, b in itertools.pairwise(firsts) if b - a > WAVE_GAP_MS]
+    spacing = [b - a for a, b in itertools.pairwise(t for t in starts if t <= long_last)]
+    wave = round(float(np.median(spacing)), 1) if spacing and max(ttfts) > 2 * WAVE_GAP_MS else 0.0
+    return wave, starts, spacing
 
 
 FITTERS: dict[str, Callable[[Server, dict, dict, Say], Fitted]] = {"mlx-lm": fit_mlx_lm}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.calibrate import fit
-from harness.calibrate.server_params import cluster_sizes, prefill_line, round_per_token
+from harness.calibrate.server_params import cluster_sizes, prefill_line, round_per_token, waves_of
 
 LENGTHS = (16, 64, 256, 1024)
 
@@ -49,3 +49,13 @@ def test_a_round_is_priced_from_the_streams_mean_gap():
     terms = round_per_token({"long_itl_ms": 3.0}, {"accept_prob": 0.5}, lambda _: None)
     assert terms["round_ms"] == [[4, pytest.approx(3.0 * 1.875)]]  # 1 + 0.5 + 0.25 + 0.125 tokens a round
     assert round_per_token({"long_itl_ms": 3.0}, {"accept_prob": None}, lambda _: None) == {}
+
+
+def test_waves_count_only_while_the_long_request_runs():
+    """Measured: waves at 544 and 1045 ms, the long request ended at 1254 ms, then a probe started at
+    once at 1267 ms; counting that drain as a wave read wave_ms 362 for a 500 ms budget."""
+    firsts = [543.8, 544.0, 544.3, 1044.9, 1045.1, 1267.2]
+    wave, starts, _ = waves_of(firsts, [444.0, 244.0, 44.0, 445.0, 45.0, 67.5], long_last=1253.9)
+    assert starts == [543.8, 1044.9, 1267.2] and wave == pytest.approx(501.1)
+    assert waves_of(firsts, [444.0], long_last=2000.0)[0] == pytest.approx(361.7)  # the drain counted
+    assert waves_of([10.0, 20.0, 30.0], [10.0, 12.0, 9.0], long_last=2000.0)[0] == 0.0  # started at once
