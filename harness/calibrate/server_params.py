@@ -162,29 +162,38 @@ def wave_probe(server: Server, step_ms: float) -> tuple[float, dict]:
     outs = server.together(bodies, offsets)
     origin = min(o.sent_ns for o in outs)
     long_last = _times(outs[0])[-1] + (outs[0].sent_ns - origin) / 1e6
-    firsts = sorted(_times(o)[0] + (o.sent_ns - origin) / 1e6 for o in outs[1:] if o.arrivals)
-    ttfts = [_times(o)[0] for o in outs[1:] if o.arrivals]
-    wave, starts, spacing = waves_of(firsts, ttfts, long_last)
+    probes = [o for o in outs[1:] if o.arrivals]
+    sent = [(o.sent_ns - origin) / 1e6 for o in probes]
+    ttfts = [_times(o)[0] for o in probes]
+    firsts = [t + f for t, f in zip(sent, ttfts)]
+    wave, starts, spacing = waves_of(sent, ttfts, long_last)
     if wave:
         says = (f"probes arriving every {WAVE_EVERY_MS:.0f} ms while a request decoded got first tokens in "
                 f"{len(spacing) + 1} waves {', '.join(f'{s:.0f}' for s in spacing)} ms apart (TTFT up to "
-                f"{max(ttfts):.0f} ms): wave_ms {wave}")
+                f"{max(ttfts):.0f} ms): wave_ms {wave}, their mean spacing")
     else:
         says = f"probes arriving while a request decoded started at once (TTFT at most {max(ttfts):.0f} ms): no waves"
-    if long_last < firsts[-1]:
+    if long_last < max(firsts):
         says += f" (the long request ended at {long_last:.0f} ms, before the last probe started: fewer waves seen)"
     return wave, {"wave_starts_ms": [round(s, 1) for s in starts], "ttft_ms": [round(t, 1) for t in ttfts],
                   "long_ended_ms": round(long_last, 1), "wave_ms": wave, "says": says}
 
 
-def waves_of(firsts: Sequence[float], ttfts: Sequence[float], long_last: float) -> tuple[float, list, list]:
-    """(wave_ms, cluster starts, their spacing): first tokens further apart than WAVE_GAP_MS start a
-    cluster; only clusters while the long request ran count (after it the batch drains and a probe
-    starts at once); no waves when every probe started within 2 x WAVE_GAP_MS."""
-    starts = [firsts[0]] + [b for a, b in itertools.pairwise(firsts) if b - a > WAVE_GAP_MS]
-    spacing = [b - a for a, b in itertools.pairwise(t for t in starts if t <= long_last)]
-    wave = round(float(np.median(spacing)), 1) if spacing and max(ttfts) > 2 * WAVE_GAP_MS else 0.0
-    return wave, starts, spacing
+def waves_of(sent_ms: Sequence[float], ttfts: Sequence[float], long_last: float) -> tuple[float, list, list]:
+    """(wave_ms, wave starts, their spacing) from probes in the order sent: a probe whose TTFT is
+    WAVE_GAP_MS above its predecessor's missed the wave that took it, and starts the next; a wave starts
+    at its earliest first token. Only waves while the long request ran count (after it the batch
+    drains and a probe starts at once); no waves when every TTFT is under 2 x WAVE_GAP_MS."""
+    waves: list[list[float]] = []
+    for i, (sent, ttft) in enumerate(zip(sent_ms, ttfts)):
+        if not waves or ttft > ttfts[i - 1] + WAVE_GAP_MS:
+            waves.append([])
+        waves[-1].append(sent + ttft)
+    starts = [min(w) for w in waves]
+    running = [t for t in starts if t <= long_last]
+    spacing = [b - a for a, b in itertools.pairwise(running)]
+    wave = (running[-1] - running[0]) / (len(running) - 1) if len(running) > 1 else 0.0
+    return (round(wave, 1) if max(ttfts, default=0.0) > 2 * WAVE_GAP_MS else 0.0), starts, spacing
 
 
 FITTERS: dict[str, Callable[[Server, dict, dict, Say], Fitted]] = {"mlx-lm": fit_mlx_lm}

@@ -51,11 +51,19 @@ def test_a_round_is_priced_from_the_streams_mean_gap():
     assert round_per_token({"long_itl_ms": 3.0}, {"accept_prob": None}, lambda _: None) == {}
 
 
-def test_waves_count_only_while_the_long_request_runs():
-    """Measured: waves at 544 and 1045 ms, the long request ended at 1254 ms, then a probe started at
-    once at 1267 ms; counting that drain as a wave read wave_ms 362 for a 500 ms budget."""
-    firsts = [543.8, 544.0, 544.3, 1044.9, 1045.1, 1267.2]
-    wave, starts, _ = waves_of(firsts, [444.0, 244.0, 44.0, 445.0, 45.0, 67.5], long_last=1253.9)
-    assert starts == [543.8, 1044.9, 1267.2] and wave == pytest.approx(501.1)
-    assert waves_of(firsts, [444.0], long_last=2000.0)[0] == pytest.approx(361.7)  # the drain counted
-    assert waves_of([10.0, 20.0, 30.0], [10.0, 12.0, 9.0], long_last=2000.0)[0] == 0.0  # started at once
+SENT = [100.0 * (i + 1) for i in range(12)]
+TTFTS = [514.0, 468.0, 315.0, 210.0, 168.0, 444.0, 358.0, 257.0, 157.0, 57.0, 482.0, 406.0]  # measured
+
+
+def test_waves_are_where_a_probe_missed_the_wave_its_predecessor_caught():
+    """Measured under load: the first wave's last probes came 57 ms apart, which grouping first
+    tokens by their gaps took for two waves (wave_ms 390 for a 0.5 s budget)."""
+    wave, starts, _ = waves_of(SENT, TTFTS, long_last=5000.0)
+    assert starts == [610.0, 1044.0, 1582.0] and wave == pytest.approx(486.0)
+    assert waves_of(SENT[:3], [10.0, 12.0, 9.0], long_last=5000.0)[0] == 0.0  # every probe started at once
+
+
+def test_a_drained_batch_is_not_a_wave():
+    """Once the long request ends the batch drains and the next probe starts at once: its TTFT falls,
+    so it joins the wave before it rather than starting one."""
+    assert waves_of(SENT, TTFTS[:10] + [20.0, 15.0], long_last=1200.0)[0] == pytest.approx(434.0)
