@@ -3,7 +3,8 @@ workload: calibrated as a user would (tools/mlxlm_twin.py calibrate: `calibrate 
 then the scheduler parameters the server does not report), then the workload live three times and on
 the twin. Every metric within its target or 1.5x the live runs' spread; on a quiet machine the cost-only
 twin (coopsched's scheduler at the same costs) misses on the same runs, so the rule can fail (under load
-the spread widens every limit and that half is skipped, naming the load). ~1.5 minutes.
+the spread widens every limit and that half is skipped, naming the load; a miss on a machine loaded
+above one runnable task per core, after one more attempt, skips with the errors). ~1.5-2.5 minutes.
 """
 
 from __future__ import annotations
@@ -46,15 +47,22 @@ def test_the_mlx_lm_twin_predicts_a_held_out_workload(tmp_path, tiny_model):
     with serve(command=command, port=port, env=clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")) \
             as served:
         tool("calibrate", served.url, str(profile))
-        output = tool("check", served.url, str(profile), "--rate", "4", "--requests", "30", "--runs", "3",
-                      "--json", str(report))
+        for _ in range(2):  # one more attempt: the neighbours' load moves between calibration and the runs
+            output = tool("check", served.url, str(profile), "--rate", "4", "--requests", "30", "--runs", "3",
+                          "--json", str(report))
+            metrics = json.loads(report.read_text())["metrics"]
+            if all(row["after"]["within"] for row in metrics.values()):
+                break
     params = json.loads(profile.read_text())["server_params"]
     assert params["draft_model"] is False and params["prompt_concurrency"] == 8  # the server's defaults
     assert 400 <= params["wave_ms"] <= 650  # its 0.5 s time budget, plus a step
-    metrics = json.loads(report.read_text())["metrics"]
-    assert all(row["after"]["within"] for row in metrics.values()), output
-    load = os.getloadavg()[0]
-    if load > (os.cpu_count() or 1):  # the live runs' spread loosened every limit: nothing can miss it
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    missed = [m for m, row in metrics.items() if not row["after"]["within"]]
+    if missed and load > cores:  # wall time then measures the neighbours (as tests/mlx/test_twin_mlx.py)
+        pytest.skip(f"at a load average of {load:.1f} on {cores} cores the twin missed {', '.join(missed)} "
+                    f"twice:\n{output}")
+    assert not missed, output
+    if load > cores:  # the live runs' spread loosened every limit: nothing can miss it
         limits = ", ".join(f"{m} {row['limit']:.0%}" for m, row in metrics.items())
         pytest.skip(f"the mlx-lm twin held; whether the cost-only twin misses is not told at a load average of "
                     f"{load:.1f} (limits {limits})")
