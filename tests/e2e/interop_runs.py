@@ -76,3 +76,17 @@ def locust_run(url: str, tmp_path: Path) -> tuple[dict, dict, Path]:
                             for k in ("classic", "spec")},
                "solo_tokens": {k: v["num_tokens"] for k, v in (report.get("solo") or {}).items()}}
     return figures, report, report_path
+
+
+def assert_every_token_counted(targets: list[dict], locusts: list[dict]) -> None:
+    """concurrency2's every request's every token, alone and together: 128 classic and 96 speculative
+    through --target, 128 and 64 through locust (whose replies the stop may cut), and a speculative
+    reply run to its end."""
+    for t in targets:
+        assert t["tokens"] == {"classic": 128, "spec": 96} and t["solo_tokens"] == t["tokens"], t
+        assert "completed" not in t["failed"] and "parity_vs_solo" not in t["failed"], t
+    for r in locusts:
+        assert r["failures"] == 0 and r["locust_failures"] == 0 and r["calibration"] == "solo", r
+        assert r["solo_tokens"] == {"classic": 128, "spec": 64}, r
+        assert set(r["finished"]["classic"]) <= {128} and set(r["finished"]["spec"]) <= {64}, r
+        assert r["finished"]["spec"], r
