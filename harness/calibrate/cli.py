@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from coopsched.core import MODES
+from harness.calibrate import heldout
 
 MLX_REPEATS, TARGET_REPEATS, REPORT_RUNS = 5, 3, 5
 
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --report: check this profile instead of calibrating one")
     parser.add_argument("--report-runs", type=int, default=REPORT_RUNS, metavar="N",
                         help=f"real runs of the workload per mode, pooled (default {REPORT_RUNS})")
+    parser.add_argument("--heldout-requests", type=int, default=heldout.NUM_REQUESTS, metavar="N",
+                        help=f"--target --report: requests of each held-out workload run (default "
+                             f"{heldout.NUM_REQUESTS})")
     parser.add_argument("--twin-mode", choices=MODES,
                         help="--target --report: the mode to simulate (default: the server's /health mode, else slice)")
     parser.add_argument("--no-extensions", action="store_true",
@@ -57,7 +61,8 @@ def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     bad = [f"--{name.replace('_', '-')} {value}" for name, value, low in (
         ("block_size", args.block_size, 2), ("repeats", args.repeats, 1), ("report_runs", args.report_runs, 1),
-        ("check_runs", args.check_runs, 1), ("max_batch", args.max_batch, 1)) if value is not None and value < low]
+        ("check_runs", args.check_runs, 1), ("max_batch", args.max_batch, 1),
+        ("heldout_requests", args.heldout_requests, 2)) if value is not None and value < low]
     if bad:
         console.print(f"[red]error:[/] {', '.join(bad)}: --block-size must be >= 2, the others >= 1")
         return 2
@@ -239,10 +244,40 @@ def _target(args: argparse.Namespace, console) -> int:
         report = twin.build_report({config.mode: measured}, predict, runs, {
             "target": server.url, "profile": str(args.profile or args.out), "load_average": loads,
             "speculates": speculates})
-        _write(args.report, report)
         served = "" if speculates else ", every request classic: the server never speculated"
         _print_report(report, f"the twin vs {server.url} (mode {config.mode}, {runs} runs{served})")
+        report["heldout"] = _heldout(args, server, cost, config, console)
+        report["load_average"] = [*loads, os.getloadavg()[0]]
+        _write(args.report, report)
+        _print_heldout(report["heldout"], server.url)
     return 0
+
+
+def _heldout(args: argparse.Namespace, server, cost, config, console) -> dict:
+    """The held-out workloads live (fresh prompts every run: a prefix cache must not answer them)
+    and on the twin, behind a progress bar."""
+    import itertools
+
+    from harness.calibrate import target, twin
+
+    prompt_seeds = itertools.count(heldout.SEED * 1000)
+
+    def live(scen, _run):
+        rows = target.measure_workload(server, scen.specs(heldout.SEED), next(prompt_seeds))
+        return twin.timed_of(scen.specs(heldout.SEED), rows)
+
+    solo_ms = cost.prefill(108) + 48 * cost.decode(1)  # the workload's mean prompt and budget, alone
+    with _progress(console) as progress:
+        task = progress.add_task("held-out workloads", total=None)
+        return heldout.check(live, lambda scen: twin.simulate_timed(cost, config, scen, heldout.SEED), solo_ms,
+                             args.heldout_requests, progress=lambda label: progress.update(task, description=label))
+
+
+def _print_heldout(report: dict, url: str) -> None:
+    from rich.console import Console
+
+    heldout.print_check(Console(), report, f"held-out workloads: the twin vs {url} ({report['live_runs']} live "
+                                           f"runs, {report['requests']} requests each, half speculative)")
 
 
 def _profile_speculates(path: Path) -> bool:
