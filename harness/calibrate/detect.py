@@ -1,77 +1,85 @@
-"""Which server is this? Its kind (coopsched.twins.KINDS, or "unknown") from what it exposes without
-generating anything: /health, /props, /v1/models' `owned_by`, /metrics' name prefixes, and how it
-answers a path it lacks. `classify` is the rule over those answers; `detect_kind` asks the server.
-The evidence is one line naming what decided.
+"""Which server is this? Its kind from what it exposes, with the evidence, for `calibrate --target`.
+
+`kind_of` is a pure rule over what was fetched (so each rule is tested on planted answers);
+`detect_kind` fetches /health, /v1/models, /props, /metrics and the Server header once each.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import http.client
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
+from coopsched.twins import UNKNOWN
 from harness.live import client
 
-UNKNOWN = "unknown"
-MLX_LM_NOT_FOUND = b"Not Found"  # mlx_lm.server's whole body for a path it does not serve
+
+class Exposed(NamedTuple):
+    """What a server answered: None/empty where it answered nothing (or not 200)."""
+    health: Mapping = {}
+    models: Sequence[Mapping] = ()    # /v1/models `data`
+    props: Mapping | None = None      # llama.cpp's /props
+    metric_names: frozenset[str] = frozenset()
+    server_header: str = ""
+    not_found: bytes | None = None    # the body of /metrics when it answered 404
 
 
-@dataclass(frozen=True)
-class Exposed:
-    """The server's answers: JSON bodies (None: no 200 JSON), /metrics text (None: none), and the
-    status and body of a GET of /metrics (what a server without one says)."""
-    health: dict | None = None
-    props: dict | None = None
-    models: list | None = None
-    metrics: str | None = None
-    missing_status: int | None = None
-    missing_body: bytes = b""
-
-    def owned_by(self) -> set[str]:
-        return {str(m.get("owned_by")) for m in self.models or [] if isinstance(m, dict) and m.get("owned_by")}
-
-    def metric_prefixes(self) -> set[str]:
-        names = {line.split("{", 1)[0].split(None, 1)[0] for line in (self.metrics or "").splitlines()
-                 if line.strip() and not line.startswith("#")}
-        return {p for p in ("coopsched_", "vllm:", "llamacpp:") if any(n.startswith(p) for n in names)}
-
-
-def classify(seen: Exposed) -> tuple[str, str]:
-    """(kind, evidence). coopsched first: its /metrics also carries llama.cpp's counter names."""
-    from coopsched.core import MODES
-
-    health, owners, prefixes = seen.health or {}, seen.owned_by(), seen.metric_prefixes()
-    if health.get("mode") in MODES and "block_size" in health:
-        return "coopsched", f"coopsched: /health reports mode {health['mode']} and block_size {health['block_size']}"
-    if "coopsched" in owners or "coopsched_" in prefixes:
-        return "coopsched", "coopsched: " + ("/v1/models owned_by coopsched" if "coopsched" in owners
-                                             else "/metrics has coopsched_ series")
-    if "vllm:" in prefixes or "vllm" in owners:
-        return "vllm", "vllm: " + ("/metrics has vllm: counters" if "vllm:" in prefixes else "/v1/models owned_by vllm")
-    settings = (seen.props or {}).get("default_generation_settings")
-    if isinstance(settings, dict) or "llamacpp" in owners or "llamacpp:" in prefixes:
-        why = ("/props has default_generation_settings" if isinstance(settings, dict) else
-               "/v1/models owned_by llamacpp" if "llamacpp" in owners else "/metrics has llamacpp: counters")
-        return "llama.cpp", f"llama.cpp: {why}"
-    if (health == {"status": "ok"} and seen.models and not owners and seen.missing_status == 404
-            and seen.missing_body.strip() == MLX_LM_NOT_FOUND):
-        return "mlx-lm", ("mlx-lm: /health is {\"status\": \"ok\"}, /v1/models has no owned_by and a missing "
-                          "path answers a bare 404 \"Not Found\", as mlx_lm.server does")
-    return UNKNOWN, (f"unknown: no rule matched (/health keys {sorted(health) or 'none'}, /v1/models owned_by "
-                     f"{sorted(owners) or 'none'}, /metrics prefixes {sorted(prefixes) or 'none'}, /props "
-                     f"{'without' if seen.props is not None else 'no'} default_generation_settings)")
+def kind_of(exposed: Exposed) -> tuple[str, str]:
+    """(kind, evidence): the first rule that matches, strongest first. coopsched serve also exports
+    llama.cpp's spec counter names, so its own marks are looked for before any other server's."""
+    metrics = exposed.metric_names
+    owners = {str(m.get("owned_by", "")) for m in exposed.models}
+    if "mode" in exposed.health and "block_size" in exposed.health:
+        return "coopsched", f"/health reports mode={exposed.health['mode']!r} and block_size"
+    if any(name.startswith("coopsched_") for name in metrics):
+        return "coopsched", "/metrics has coopsched_ series"
+    if "coopsched" in owners:  # behind a proxy that hides /health and /metrics
+        return "coopsched", "/v1/models owned_by 'coopsched'"
+    if any(name.startswith("vllm:") for name in metrics) or "vllm" in owners:
+        return "vllm", "/metrics has vllm: series" if metrics else "/v1/models owned_by 'vllm'"
+    if exposed.props is not None and ("default_generation_settings" in exposed.props
+                                      or "total_slots" in exposed.props):
+        return "llama.cpp", "/props answers with llama.cpp's generation settings and slots"
+    if any(name.startswith("llamacpp:") for name in metrics) or "llamacpp" in owners:
+        return "llama.cpp", "/metrics has llamacpp: series" if metrics else "/v1/models owned_by 'llamacpp'"
+    # any stdlib server sends that header (the test fakes too): mlx_lm.server also lists models
+    # without owned_by and answers a path it lacks with a bare "Not Found"
+    if (exposed.server_header.startswith("BaseHTTP") and exposed.models and owners <= {""}
+            and (exposed.not_found or b"").strip() == b"Not Found"):
+        return "mlx-lm", (f"the Server header is Python's http.server ({exposed.server_header!r}), /v1/models "
+                          "lists models without owned_by and /metrics answers a bare 404 Not Found: mlx_lm.server")
+    return UNKNOWN, ("no rule matched: no /health mode, no vllm:/llamacpp:/coopsched_ metrics, no /props, "
+                     f"/v1/models owned_by {sorted(owners) or 'absent'}, Server header "
+                     f"{exposed.server_header or 'absent'!r}")
 
 
-def exposed(url: str) -> Exposed:
-    """GET what classify reads (each a short timeout; a refusal is an absence)."""
-    models = (client.get_json(url, "/v1/models") or {}).get("data")
+def exposed_by(url: str) -> Exposed:
+    """Everything `kind_of` looks at, fetched once."""
+    models = (client.get_json(url, "/v1/models") or {}).get("data") or []
     try:
-        status, body = client.request(url, "GET", "/metrics", timeout_s=5)
+        status, body = client.request(url, "GET", "/metrics", timeout_s=5.0)
     except OSError:
         status, body = None, b""
-    text = body.decode("utf-8", errors="replace") if status == 200 else None
-    return Exposed(client.get_json(url, "/health"), client.get_json(url, "/props"),
-                   models if isinstance(models, list) else None, text, status, body)
+    text = body.decode("utf-8", errors="replace") if status == 200 else ""
+    names = frozenset(line.split("{")[0].split()[0] for line in text.splitlines()
+                      if line.strip() and not line.startswith("#"))
+    return Exposed(client.get_json(url, "/health") or {}, [m for m in models if isinstance(m, dict)],
+                   client.get_json(url, "/props"), names, server_header(url), body if status == 404 else None)
 
 
-def detect_kind(server) -> tuple[str, str]:
-    """(kind, evidence) of the server at `server.url` (a calibrate target.Server, or a URL)."""
-    return classify(exposed(getattr(server, "url", server)))
+def server_header(url: str) -> str:
+    host, port, prefix = client.split_url(url)
+    conn = http.client.HTTPConnection(host, port, timeout=5.0)
+    try:
+        conn.request("GET", prefix + "/v1/models")
+        response = conn.getresponse()
+        response.read()
+        return response.getheader("Server", "") or ""
+    except OSError:
+        return ""
+    finally:
+        conn.close()
+
+
+def detect_kind(url: str) -> tuple[str, str]:
+    return kind_of(exposed_by(url))

@@ -91,23 +91,24 @@ def twin_config(mode: str, block_size: int = 4, **overrides) -> SchedulerConfig:
     return SchedulerConfig(mode=mode, block_size=block_size, **overrides)
 
 
-def simulate(profile: CostModel, config: SchedulerConfig, seeds: Sequence[int],
+def simulate(profile: CostModel | runner.Profile, config: SchedulerConfig, seeds: Sequence[int],
              scenario: Scenario = TWIN) -> list[Served]:
-    """The workload on the profile's mock in virtual time, once per seed (acceptance and jitter draws)."""
+    """The workload on the profile's twin in virtual time (its mock's costs, its server kind's
+    scheduler), once per seed (acceptance and jitter draws)."""
     runs = []
+    scenario = runner.priced(scenario, profile)
     for seed in seeds:
-        run = runner.execute(scenario, config, seed,
-                             backend_factory=lambda c, s, sd: runner.mock_backend(c, s, sd, profile))
+        run = runner.execute(scenario, config, seed)
         runs.append(_served_of(run))
     return runs
 
 
-def simulate_timed(profile: CostModel, config: SchedulerConfig, scenario: Scenario, seed: int) -> list:
-    """One run of a workload scenario on the profile's mock in virtual time, as a sweep point reads it."""
+def simulate_timed(profile: CostModel | runner.Profile, config: SchedulerConfig, scenario: Scenario,
+                   seed: int) -> list:
+    """One run of a workload scenario on the profile's twin in virtual time, as a sweep point reads it."""
     from harness.sweep.points import Timed
 
-    run = runner.execute(scenario, config, seed,
-                         backend_factory=lambda c, s, sd: runner.mock_backend(c, s, sd, profile))
+    run = runner.execute(runner.priced(scenario, profile), config, seed)
     return [Timed(r.id, r.arrival_ms, run.token_times[r.id], r.served_speculatively) for r in run.requests]
 
 

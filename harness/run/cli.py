@@ -74,12 +74,7 @@ def backend_factory(args: argparse.Namespace):
     if args.backend == "mlx":
         from coopsched.backends.mlx_backend import scenario_backend_factory
         return scenario_backend_factory(args.model, args.draft_model)
-    if args.cost is not None:
-        from mocks import CostModel
-        profile = CostModel.load(args.cost)
-
-        return lambda clock, scen, seed: runner.mock_backend(clock, scen, seed, profile)
-    return runner.mock_backend
+    return runner.mock_backend  # a --cost profile prices the scenarios themselves (main)
 
 
 def print_table(console: Console, traces: list[dict]) -> None:
@@ -104,6 +99,11 @@ def main(args: argparse.Namespace) -> int:
     names = args.names or scenario.available()
     try:
         scenarios = [scenario.load(n) for n in names]
+        if args.cost is not None and args.backend != "mlx":
+            profile = runner.Profile.load(args.cost)
+            scenarios = [runner.priced(s, profile) for s in scenarios]
+            if profile.note:
+                print(f"note: {profile.note}", file=sys.stderr)
         for warning in runner.gate_warnings(scenarios):  # as `coopsched serve` logs them; the run goes on
             print(f"warning: {warning}", file=sys.stderr)
         for note in (n for s in scenarios if s.workload for n in s.workload.notes):  # rows a replay left out

@@ -8,13 +8,16 @@ off for parity, the legacy burst for the burst_wall ratio) and the checks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from coopsched.clock import ManualClock
 from coopsched.core import ModelBackend, Request, Scheduler, SchedulerConfig, TickRecord
 from coopsched.engine import Engine
 from coopsched.env import Gates
+from coopsched.twins import KINDS, UNKNOWN, StepModel, make_scheduler, model_class
 from harness.run import metrics
 from harness.run.scenario import Scenario
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
@@ -32,7 +35,7 @@ class Run:
     requests: list[Request]
     token_times: dict[str, list[float]]
     ticks: list[TickRecord]
-    scheduler: Scheduler
+    scheduler: Scheduler | StepModel
     backend: ModelBackend
     extra: dict = field(default_factory=dict)
     _index: dict = field(default_factory=dict, repr=False)
@@ -41,6 +44,35 @@ class Run:
         if len(self._index) != len(self.requests):
             self._index.update((r.id, r) for r in self.requests)
         return self._index[seq_id]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A calibrated twin: the mock's costs, and the server kind whose scheduler the twin runs
+    (`"server"`, with `"server_params"`, in the profile JSON; absent: coopsched's own)."""
+    cost: CostModel
+    server: str = "coopsched"
+    server_params: Mapping[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        cost = CostModel.load(path)  # says which file when it cannot be read
+        data = json.loads(Path(path).read_text())
+        server, params = data.get("server", "coopsched"), data.get("server_params") or {}
+        if server not in (*KINDS, UNKNOWN) or not isinstance(params, dict):
+            raise ValueError(f"cost profile {path}: server={server!r} server_params={params!r}; want server one "
+                             f"of {', '.join((*KINDS, UNKNOWN))} and server_params an object")
+        if server not in ("coopsched", UNKNOWN):
+            model_class(server).resolve(params)  # an unknown parameter is refused here, naming the file
+        return cls(cost, server, params)
+
+    @property
+    def note(self) -> str | None:
+        """What a user must be told about the twin this profile runs, if anything."""
+        if self.server == UNKNOWN:
+            return ("the profile's server kind is unknown: its twin runs coopsched's own scheduler at the "
+                    "calibrated costs (calibrate --server KIND names the kind)")
+        return None
 
 
 def mock_backend(clock, scenario: Scenario, seed: int, profile: CostModel | None = None) -> MockBackend:
@@ -55,10 +87,17 @@ def mock_backend(clock, scenario: Scenario, seed: int, profile: CostModel | None
     return MockBackend(clock, cost, target, drafter)
 
 
-def priced(scenario: Scenario, profile: CostModel) -> Scenario:
-    """The scenario with a cost profile under its own [cost] keys (which still win), so it carries
-    its prices wherever it goes (a sweep ships it to worker processes)."""
+def priced(scenario: Scenario, profile: CostModel | Profile) -> Scenario:
+    """The scenario with a cost profile under its own [cost] keys (which still win), and a twin's
+    server kind, so it carries both wherever it goes (a sweep ships it to worker processes)."""
+    if isinstance(profile, Profile):
+        server = {"kind": profile.server, **profile.server_params}
+        return replace(priced(scenario, profile.cost), server=server)
     return replace(scenario, cost={**profile.to_json(), **scenario.cost})
+
+
+def server_kind(scenario: Scenario) -> str:
+    return str(scenario.server.get("kind", "coopsched"))
 
 
 def scenario_cost(scenario: Scenario, seed: int, profile: CostModel | None = None) -> CostModel:
@@ -86,7 +125,8 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
             clock=None) -> Run:
     clock = clock or ManualClock()
     backend = reports_live_caches(backend_factory(clock, scenario, seed))
-    scheduler = Scheduler(config)
+    params = {k: v for k, v in scenario.server.items() if k != "kind"}
+    scheduler = make_scheduler(server_kind(scenario), config, params)
     requests = scenario.build_requests(seed, speculative)
     token_times: dict[str, list[float]] = {r.id: [] for r in requests}
 
@@ -153,6 +193,9 @@ def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
 
     config = scenario_config(scenario, mode, options)
     run = execute(scenario, config, seed, backend_factory=backend_factory, clock=clock_factory())
+    if server_kind(scenario) not in ("coopsched", UNKNOWN):  # coopsched's bounds are for coopsched's scheduler
+        from harness.verdict.virtual import evaluate_other_server
+        return to_trace(run, [c.to_json() for c in evaluate_other_server(run, server_kind(scenario))], seed)
     classic = burst = None
     if scenario.runs_reference("parity"):
         classic = execute(scenario, config, seed, speculative=False, backend_factory=backend_factory,
@@ -161,3 +204,4 @@ def run_scenario(scenario: Scenario, mode: str | None = None, seed: int = 0, *,
         burst = execute(scenario, config.with_(mode="burst"), seed, backend_factory=backend_factory,
                         clock=clock_factory())
     return to_trace(run, [c.to_json() for c in evaluate(run, classic=classic, burst=burst)], seed)
+

@@ -41,6 +41,7 @@ class Scenario:
     gates: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
     workload: Workload | None = None
+    server: dict = field(default_factory=dict)  # the twin's server: {"kind": KIND, **params} (a profile's)
 
     @classmethod
     def load(cls, path: Path) -> Scenario:

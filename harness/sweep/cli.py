@@ -28,7 +28,6 @@ from harness.run.scenario import Scenario
 from harness.run.slo import Slo
 from harness.sweep import dispatch, points, verify
 from harness.sweep.points import SweepError
-from mocks import CostModel
 
 DEFAULT_SLO = slo_module.parse_slo(slo_module.DEFAULT_SLO)
 DEFAULT_SEEDS = 3  # capacity is a mean over seeds: one Poisson draw can flatter or punish a load
@@ -163,7 +162,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if args.cost is not None:
         if args.target:  # the twin is swept; a few of its points are run on the server too
             verify_points = parse_count("--verify-points", args.verify_points or str(verify.DEFAULT_POINTS))
-        scen = runner.priced(scen, CostModel.load(args.cost))
+        profile = runner.Profile.load(args.cost)
+        scen = runner.priced(scen, profile)
+        if profile.note:
+            print(f"note: {profile.note}", file=sys.stderr)
     if args.prefill_grant_interval is not None:
         if args.target:
             raise SweepError(f"--prefill-grant-interval {args.prefill_grant_interval} sets the virtual-time "

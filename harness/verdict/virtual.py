@@ -267,3 +267,15 @@ def evaluate(run, *, classic=None, burst=None) -> list[Check]:
     ctx = Context.of(run, classic, burst)
     asked = [r for r in CHECKS.values() if r.asked_by is None or r.asked_by in ctx.wanted]
     return [c for r in asked if (c := r.fn(ctx)) is not None]
+
+
+SERVER_AGNOSTIC = ("kv_released",)  # checks that hold for any server's scheduler, not only coopsched's
+
+
+def evaluate_other_server(run, kind: str) -> list[Check]:
+    """A twin of another server kind: its KV books are checked, coopsched's bounds are skipped."""
+    ctx = Context.of(run)
+    why = f"the twin of a {kind} server: coopsched's bounds do not apply"
+    asked = [(name, r) for name, r in CHECKS.items() if r.asked_by is None or r.asked_by in ctx.wanted]
+    checks = [r.fn(ctx) if name in SERVER_AGNOSTIC else Check.skip(name, why) for name, r in asked]
+    return [c for c in checks if c is not None]

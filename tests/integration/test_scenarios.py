@@ -42,7 +42,7 @@ def test_concurrency2_slice_bound_is_exact_and_burst_breaks_it():
 
 def test_slice_checks_fail_when_the_scheduler_regresses_to_a_burst(monkeypatch):
     from coopsched.core import Scheduler
-    monkeypatch.setattr(runner, "Scheduler", lambda config: Scheduler(config.with_(mode="burst")))
+    monkeypatch.setattr(runner, "make_scheduler", lambda kind, config, params: Scheduler(config.with_(mode="burst")))
     checks = checks_of(runner.run_scenario(scenario.load("concurrency2"), "slice"))
     assert not checks["classic_itl"]["ok"] and not checks["burst_wall"]["ok"]
     assert not checks["spec_streaming"]["ok"]

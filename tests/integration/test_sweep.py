@@ -63,7 +63,7 @@ def test_slices_hold_the_per_token_slo_where_the_legacy_burst_fails_it(mixed):
 
 def test_a_slice_mode_that_runs_requests_whole_loses_its_capacity(mixed, monkeypatch):
     """The capacity check can fail: slices planted back into whole-request bursts, in one process."""
-    monkeypatch.setattr(runner, "Scheduler", lambda config: Scheduler(config.with_(mode="burst")))
+    monkeypatch.setattr(runner, "make_scheduler", lambda kind, config, params: Scheduler(config.with_(mode="burst")))
     cap = sweep(mixed, modes=("burst", "slice"))["capacity"]
     assert not cap["slice"] > cap["burst"]
 

@@ -313,7 +313,7 @@ def test_the_shipped_poisson_mix_is_a_generated_workload():
 def test_poisson_mix_checks_fail_when_slices_regress_to_a_burst(monkeypatch):
     """The checks it ships are honest: a 'slice' run that bursts fails each of them."""
     from coopsched.core import Scheduler
-    monkeypatch.setattr(runner, "Scheduler", lambda config: Scheduler(config.with_(mode="burst")))
+    monkeypatch.setattr(runner, "make_scheduler", lambda kind, config, params: Scheduler(config.with_(mode="burst")))
     checks = {c["name"]: c for c in runner.run_scenario(scenario.load("poisson-mix"), "slice")["checks"]}
     assert not checks["burst_wall"]["ok"] and not checks["spec_streaming"]["ok"]
     assert checks["parity"]["ok"] and checks["kv_released"]["ok"]

@@ -126,6 +126,19 @@ def test_core_imports_only_the_standard_library_and_itself():
         assert not (tops & IMPURE), f"{module} imports {sorted(tops & IMPURE)}: the core reads no clock, env or model"
 
 
+def test_twins_import_only_the_standard_library_the_core_and_themselves():
+    """A server kind's model is a scheduler: as pure as the core (it reads no clock, env or model)."""
+    stdlib = set(sys.stdlib_module_names)
+    found = {m: i for m, i in modules().items() if m.startswith("coopsched.twins")}
+    assert "coopsched.twins.base" in found
+    for module, imported in found.items():
+        tops = {name.split(".")[0] for name in imported if name}
+        ours = {n for n in imported if n.startswith("coopsched.")
+                and not n.startswith(("coopsched.core", "coopsched.twins"))}
+        assert not {t for t in tops if t not in stdlib and t != "coopsched"} and not ours, (module, imported)
+        assert not (tops & IMPURE), f"{module} imports {sorted(tops & IMPURE)}"
+
+
 # -- the rules, each a function of the tree so a planted tree can show it fails -----------------
 def imports_of_the_tests(root: Path = ROOT) -> dict[str, set[str]]:
     """Source module -> what it imports of the tests."""

@@ -74,4 +74,4 @@ def test_a_fake_of_each_kind_is_detected(kind):
 def test_coopsched_serve_is_detected_by_its_health():
     with serve("--decode-ms", "1", "--round-ms", "4") as served:
         kind, evidence = detect_kind(served.url)
-    assert (kind, evidence) == ("coopsched", "coopsched: /health reports mode slice and block_size 4")
+    assert (kind, evidence) == ("coopsched", "/health reports mode='slice' and block_size")

@@ -1,0 +1,46 @@
+"""Scheduler models of the servers people run, for the twin: each plans one step as the server
+does, behind the same plan / result / commit seam as coopsched's own scheduler.
+
+`make_scheduler(kind, config, params)` gives the reference Scheduler for "coopsched" (and for
+"unknown": a server whose kind was not recognised is simulated as the reference), else the kind's model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from coopsched.core.config import SchedulerConfig
+from coopsched.core.scheduler import Scheduler
+
+from .base import Param, StepModel
+
+KINDS = ("coopsched", "vllm", "mlx-lm", "llama.cpp")
+UNKNOWN = "unknown"  # detection found no kind: the reference is simulated, and the run says so
+_MODELS = {"vllm": "coopsched.twins.vllm:VllmModel", "mlx-lm": "coopsched.twins.mlxlm:MlxLmModel",
+           "llama.cpp": "coopsched.twins.llamacpp:LlamaCppModel"}
+
+
+def model_class(kind: str) -> type[StepModel]:
+    """The model class of a kind other than the reference."""
+    if kind not in _MODELS:
+        raise ValueError(f"server kind {kind!r}: want one of {', '.join((*KINDS, UNKNOWN))}")
+    module, name = _MODELS[kind].split(":")
+    try:
+        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"server kind {kind!r}: its scheduler model is not available ({exc})") from exc
+
+
+def make_scheduler(kind: str, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
+                   keep_history: bool = True) -> Scheduler | StepModel:
+    """The scheduler a twin of a `kind` server runs: the reference, or the kind's model."""
+    if kind in ("coopsched", UNKNOWN):
+        if params:
+            raise ValueError(f"server_params {', '.join(map(repr, sorted(params)))}: a {kind} twin runs "
+                             "coopsched's scheduler, whose knobs are the scenario's [scheduler] table")
+        return Scheduler(config, keep_history=keep_history)
+    return model_class(kind)(config, params, keep_history=keep_history)
+
+
+__all__ = ["KINDS", "UNKNOWN", "Param", "StepModel", "make_scheduler", "model_class"]
