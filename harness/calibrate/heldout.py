@@ -46,6 +46,11 @@ def workload(rate_per_s: float, num_requests: int = NUM_REQUESTS) -> Scenario:
     return Scenario("heldout", description="calibrate --report: held-out open-loop workload", workload=load)
 
 
+def solo_life_ms(cost) -> float:
+    """A mean request of the workload (108 prompt tokens, 48 tokens out), alone, on these costs."""
+    return float(cost.prefill(108) + 48 * cost.decode(1))
+
+
 def light_rate(solo_life_ms: float) -> float:
     """LIGHT_IN_FLIGHT requests in flight on average, when each lives solo_life_ms."""
     return round(LIGHT_IN_FLIGHT * 1000.0 / max(solo_life_ms, 1.0), 3)
