@@ -308,7 +308,10 @@ def _heldout(args: argparse.Namespace, server, the_twin, config, console) -> dic
 def _print_heldout(report: dict, url: str, kind: str) -> None:
     from rich.console import Console
 
-    heldout.print_check(Console(), report, f"held-out workloads: the {kind} twin vs {url} ({report['live_runs']} "
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: the table's full width, not 80 columns
+        console = Console(width=max(console.width, 132))
+    heldout.print_check(console, report, f"held-out workloads: the {kind} twin vs {url} ({report['live_runs']} "
                                            f"live runs, {report['requests']} requests each, half speculative)")
 
 
