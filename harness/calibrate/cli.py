@@ -265,18 +265,29 @@ def _target(args: argparse.Namespace, console) -> int:
 
 
 def _server_kind(args: argparse.Namespace, url: str, console) -> tuple[str, str]:
-    """The kind whose scheduler the twin runs: detected from what the server exposes, or --server."""
+    """The kind whose scheduler the twin runs: --server, else the checked --profile's own, else
+    detected from what the server exposes."""
     from harness.calibrate.detect import detect_kind
 
     detected, evidence = detect_kind(url)
-    if args.server:
-        evidence = f"--server {args.server} (detected {detected}: {evidence})"
-    kind = args.server or detected
+    kept = _profile_kind(args.profile) if args.profile else None
+    if args.server or kept:
+        source = f"--server {args.server}" if args.server else f"the profile's server {kept}"
+        evidence = f"{source} (detected {detected}: {evidence})"
+    kind = args.server or kept or detected
     console.print(f"server kind {kind}: {evidence}", highlight=False, soft_wrap=True)
     if kind == UNKNOWN:
         console.print("[yellow]note:[/] the server's kind is unknown: its twin runs coopsched's own scheduler at "
                       "the calibrated costs (--server KIND names the kind)", highlight=False, soft_wrap=True)
     return kind, evidence
+
+
+def _profile_kind(path: Path) -> str | None:
+    try:
+        kind = json.loads(path.read_text()).get("server")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--profile {path}: {exc}") from None
+    return kind if isinstance(kind, str) else None
 
 
 def report_meta(url: str, profile: Path, loads: list[float], speculates: bool, kind: str, evidence: str) -> dict:

@@ -39,3 +39,25 @@ def test_a_bare_server_is_unknown_and_the_evidence_lists_what_was_looked_for():
     kind, why = kind_of(Exposed())
     assert kind == "unknown"
     assert all(word in why for word in ("/health mode", "metrics", "/props", "owned_by", "Server header"))
+
+
+@pytest.mark.parametrize("server, in_profile, kind, source", [
+    pytest.param(None, None, "coopsched", "", id="detected"),
+    pytest.param(None, "vllm", "vllm", "the profile's server vllm (detected coopsched", id="the-profiles-kind"),
+    pytest.param("unknown", "vllm", "unknown", "--server unknown (detected coopsched", id="server-wins"),
+])
+def test_which_kind_a_calibration_twins(tmp_path, monkeypatch, server, in_profile, kind, source):
+    import argparse
+    import json
+
+    from rich.console import Console
+
+    from harness.calibrate import cli, detect
+
+    monkeypatch.setattr(detect, "detect_kind", lambda url: ("coopsched", "/health reports mode='slice'"))
+    profile = None
+    if in_profile:
+        profile = tmp_path / "p.json"
+        profile.write_text(json.dumps({"server": in_profile}))
+    got, evidence = cli._server_kind(argparse.Namespace(server=server, profile=profile), "http://x", Console())
+    assert got == kind and evidence.startswith(source)
