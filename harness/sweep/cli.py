@@ -187,7 +187,7 @@ class Sweep:
             self.verifier = verify.Verifier(s.target, s.verify_points)
             modes = s.modes or MODES
             self.tasks = points.plan(s.scenario, s.load_kind, s.loads, modes, s.seeds, s.slo)
-            self.verifier.check_modes(modes)
+            self.verifier.check_modes(modes, runner.scenario_config(s.scenario, None).mode)
         elif s.target:
             from harness.sweep.live import Server
 

@@ -1,6 +1,7 @@
 """`sweep --cost PROFILE --target URL`: the twin is swept in virtual time, and N of its points run on
 the server too: seed 0 (the same workload draw both ways), the server's mode, at loads evenly spread
-over the swept ones (lowest and highest first). The sweep JSON's `verified` holds, per point,
+over the swept ones (lowest and highest first); a server that reports no mode is verified
+against the default mode's points. The sweep JSON's `verified` holds, per point,
 {metric: {predicted, measured, error}} with error = predicted / measured - 1.
 """
 
@@ -47,14 +48,14 @@ class Verifier:
         self.count = count
         self.mode: str | None = None
 
-    def check_modes(self, modes: Sequence[str]) -> None:
+    def check_modes(self, modes: Sequence[str], default: str) -> None:
         """The verified points are in the server's mode: the twin must sweep it (a server that
-        reports no mode: the first swept mode stands for it)."""
+        reports no mode: the default mode stands for it when swept, else the first swept)."""
         if self.server.reports_mode and self.server.mode not in modes:
             raise SweepError(f"--mode {','.join(modes)}: the server at {self.server.url} runs {self.server.mode} "
                              "(its /health says so), and its points are verified against the twin's in that "
                              "mode; add it or leave --mode out")
-        self.mode = self.server.mode if self.server.reports_mode else modes[0]
+        self.mode = self.server.mode if self.server.reports_mode else default if default in modes else modes[0]
 
     def pick(self, tasks: Sequence[Task]) -> list[Task]:
         loads = sorted({t.load for t in tasks})
