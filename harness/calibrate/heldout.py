@@ -18,7 +18,7 @@ from harness.run.slo import Slo
 from harness.run.workload import Lengths, Workload
 from harness.sweep.points import Timed, figures
 
-# the metric set and each one's tolerance (a fraction of the measured value)
+# the figures a twin is judged on, each with its tolerance (a fraction of the measured value)
 TOLERANCE = {"aggregate_tok_s": 0.10, "ttft_p50_ms": 0.20, "ttft_p95_ms": 0.25, "itl_mean_ms": 0.10,
              "classic_itl_p99_ms": 0.20}
 METRICS = tuple(TOLERANCE)
