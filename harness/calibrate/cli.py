@@ -63,12 +63,12 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
-    bad = [f"--{name.replace('_', '-')} {value}" for name, value, low in (
+    bad = [f"--{name.replace('_', '-')} {value} (want >= {low})" for name, value, low in (
         ("block_size", args.block_size, 2), ("repeats", args.repeats, 1), ("report_runs", args.report_runs, 1),
         ("check_runs", args.check_runs, 1), ("max_batch", args.max_batch, 1),
         ("heldout_requests", args.heldout_requests, 2)) if value is not None and value < low]
     if bad:
-        console.print(f"[red]error:[/] {', '.join(bad)}: --block-size must be >= 2, the others >= 1")
+        console.print(f"[red]error:[/] {', '.join(bad)}")
         return 2
     if (args.out is None) == (args.profile is None) or (args.profile and not args.report):
         console.print("[red]error:[/] give --out PROFILE.json (calibrate), or --profile PROFILE.json with "
