@@ -282,7 +282,11 @@ def _evidence(w: Wait, other: Stream, theirs: _Tokens, own: _Tokens, start: int,
     paced_ms = max(w.ms, w.limit_ms) if w.index else w.limit_ms
     out = [("count", round(theirs.made_during(start, end)) - offset,
             rule.allowance(line, w.rounds, w.admissions, paced_ms, other.kind, pace))]
-    if line == CLIENT and w.index and w.stream.kind != SPEC_KIND and pace:
+    # a catch-up that ends the waiting stream's reply: it was served in full during the wait, and
+    # what another stream got after its last token was made is no block of it (a frozen reader, load 10:
+    # the classic stream's last 4 tokens and a 64-token reply read at once after 198 ms)
+    finished = w.caught_up > 1 and w.index + w.caught_up >= len(w.stream.arrivals_ns)
+    if line == CLIENT and w.index and w.stream.kind != SPEC_KIND and pace and not finished:
         # ... but not in one lump: a burst's reply arrives at once, made while the classic stream got
         # nothing (a frozen reader's backlog is a lump too, read with the waiting stream's catch-up:
         # offset as above; what is left of a backlog is what LUMP_SHARE allows)

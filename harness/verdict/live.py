@@ -30,8 +30,9 @@ def stall_check(name: str, waits: list[stalls.Wait], streams: Sequence[stalls.St
     worst = max(waits, key=lambda w: w.ms - w.limit_ms)
     shown = max([w for w in waits if w.verdict == "hol"] or [worst], key=lambda w: w.ms - w.limit_ms)
     return Check(name, summary.num_hol == 0, shown.ms, shown.limit_ms,
-                 note=f"worst: {shown.stream.id} (token {shown.index}, {shown.evidence} tokens of {shown.by} in it, "
-                      f"allowed {shown.allowance}); {summary.num_over} of {summary.num_waits} over the limit: "
+                 note=f"worst: {shown.stream.id} (token {shown.index}, {shown.evidence} tokens of {shown.by} "
+                      f"{'in one lump ahead of its pace' if shown.measure == 'lump' else 'in it'}, allowed "
+                      f"{shown.allowance}); {summary.num_over} of {summary.num_waits} over the limit: "
                       f"{summary.num_hol} head-of-line, {summary.num_noise} noise; {limit}; {summary.rule}",
                  extra={"stalls": summary.to_json()})
 
@@ -145,9 +146,9 @@ def solo_verdict(report: dict, ms: dict, figures: dict, streams: list, block_siz
         runs = solo_runs_check(broken)
         report["rule"] = runs.note
         return with_checks(report, [runs])
-    # each limit is capped at half the other kind's solo run: a longer one could hide a burst
+    # each gap limit is capped at half the other kind's solo run: a longer one could hide a burst
     ceiling = {k: solo.ceiling_ms(figures[o].life_ms for o in KINDS if o != k) for k in KINDS}
-    limits = {k: {"ttft_limit_ms": solo.solo_limit(figures[k].ttft_ms, ceiling[k]),
+    limits = {k: {"ttft_limit_ms": solo.solo_limit(figures[k].ttft_ms),
                   "gap_limit_ms": solo.solo_limit(figures[k].stall_ms, ceiling[k])} for k in KINDS}
     worst = {k: {"ttft_max_ms": float(ms[k]["ttft"].max()) if ms[k]["ttft"].size else None,
                  "gap_max_ms": float(ms[k]["gaps"].max())} for k in KINDS}

@@ -260,7 +260,7 @@ def test_a_catch_up_offsets_only_what_was_read_with_it():
     """Under load the classic stream's tokens after a burst reached the client 50 ms after the burst's
     lump, as one backlog: a frozen reader reads every backlog at once, so that catch-up does not excuse
     a lump read long before it (on a frozen reader both arrive together: test above)."""
-    classic = [10.0, 100.0] + [420.0 + 0.01 * i for i in range(42)]
+    classic = [10.0, 100.0] + [420.0 + 0.01 * i for i in range(42)] + [425.0 + 2.0 * i for i in range(20)]
     spec = [367.0 + 0.01 * i for i in range(96)]
     c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=43.0)
     rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.68), ("spec", 2.0)))
@@ -332,3 +332,21 @@ def test_a_speculative_stream_waiting_while_the_classic_one_streams_at_its_pace_
     waits = [stalls.Wait(as_classic, 2, 53.0)]
     stalls.judge(waits, [lumped, as_classic], rule)  # planted: its 64 tokens at once in the gap
     assert waits[0].verdict == "hol" and waits[0].measure == "lump"
+
+
+def test_a_catch_up_that_ends_the_waiting_reply_is_not_charged_for_a_lump_after_it():
+    """Measured with locust at load 10, slice mode: the reader froze 198 ms; then the classic stream's
+    last 4 tokens and a whole 64-token speculative reply were read within 5 ms. The classic stream was
+    served in full during the wait; the other reply, made after its last token, is no block of it."""
+    classic = [2.0 * i for i in range(1, 125)] + [446.7 + 0.05 * i for i in range(4)]
+    spec = [447.0 + 0.07 * i for i in range(64)]
+    c, s = stream("classic", classic), stream("spec", spec, kind="spec", sent_ms=227.0)
+    rule = stalls.Rule(tokens_per_round=1, paces=(("classic", 0.82), ("spec", 1.25)))
+    waits = [stalls.Wait(c, 124, 40.0)]
+    stalls.judge(waits, [c, s], rule)
+    assert waits[0].caught_up == 4 and waits[0].verdict == "noise" and waits[0].measure == "count"
+    # planted: the same lump while the classic stream goes on is a burst
+    going_on = stream("classic", classic + [460.0 + 2.0 * i for i in range(20)])
+    waits = [stalls.Wait(going_on, 124, 40.0)]
+    stalls.judge(waits, [going_on, s], rule)
+    assert waits[0].verdict == "hol" and waits[0].measure == "lump" and waits[0].evidence > 50
