@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.calibrate import server_params, target, twin  # noqa: E402
 from harness.calibrate.detect import detect_kind  # noqa: E402
-from harness.calibrate.heldout import (  # noqa: E402
+from harness.calibrate.llamacpp_check import (  # noqa: E402
     TARGETS,
     error_row,
     figures,

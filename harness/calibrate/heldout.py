@@ -1,149 +1,167 @@
-"""Held-out workloads for a server's twin: the same open-loop requests live and in virtual time,
-the figures the twin is judged on (aggregate tok/s, TTFT p50/p95, mean ITL, classic ITL p99) with
-the live runs' spread, and llama-server's own step books beside the twin's.
+"""`calibrate --report`'s held-out check: open-loop Poisson workloads unlike the calibration's, half
+the requests speculative, one light and one near the server's knee (found by a short live ladder of
+doubling rates), each run LIVE_RUNS times live and once on the twin. Per metric: predicted, measured
+(the mean of the live runs), error = predicted / measured - 1, and the live runs' own spread
+((max - min) / mean); a row passes when |error| <= max(its tolerance, SPREAD_FACTOR x spread).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
-from dataclasses import replace
-from itertools import pairwise
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from coopsched.core import SchedulerConfig
-from harness.calibrate import target, twin
-from harness.live import client
-from harness.run import runner
+from harness.run import metrics
 from harness.run.scenario import Scenario
-from harness.run.workload import Workload
-from mocks import CostModel
+from harness.run.slo import Slo
+from harness.run.workload import Lengths, Workload
+from harness.sweep.points import Timed, figures
 
-# lengths unlike the calibration's (16-1024-token prompts, 2-128-token budgets), half speculative
-HELD_OUT = {"prompt_len": {"min": 8, "max": 48}, "max_tokens": {"min": 16, "max": 96}, "speculative_share": 0.5}
-NUM_REQUESTS = 60
-# |error| within this, or within 1.5x the live runs' spread when that is larger
-TARGETS = {"aggregate_tok_s": 0.10, "ttft_p50_ms": 0.20, "ttft_p95_ms": 0.25, "itl_mean_ms": 0.10,
-           "classic_itl_p99_ms": 0.20}
+# the figures a twin is judged on, each with its tolerance (a fraction of the measured value)
+TOLERANCE = {"aggregate_tok_s": 0.10, "ttft_p50_ms": 0.20, "ttft_p95_ms": 0.25, "itl_mean_ms": 0.10,
+             "classic_itl_p99_ms": 0.20}
+METRICS = tuple(TOLERANCE)
 SPREAD_FACTOR = 1.5
+LIVE_RUNS = 3
+NUM_REQUESTS = 32
+SEED = 23            # arrivals and lengths: a draw the calibration never makes
+LIGHT_IN_FLIGHT = 0.5  # the light workload: this many requests in flight on average, by the solo life
+LADDER_RUNGS = 5       # doublings of the light rate tried, at most, to find the knee
+KEEP_UP = 0.8          # a rung keeps up when its tokens/s per offered request/s stay >= this x the light's
+TTFT_RISE = 3.0        # ... and its TTFT p50 stays under this x the light's (a queue has not formed)
+RULE = (f"|error| <= max(tolerance, {SPREAD_FACTOR:g} x spread); spread = (max - min) / mean of the "
+        f"{LIVE_RUNS} live runs; tolerances: " + ", ".join(f"{m} {t:.0%}" for m, t in TOLERANCE.items()))
+NO_SLO = Slo(itl_ms=1e12, ttft_ms=1e12)  # figures() wants one; the check reads no attainment
+
+Run = Callable[[Scenario, int], list[Timed]]  # (scenario at a rate, run index) -> the requests as served
 
 
-def workload(rate: float, n: int = NUM_REQUESTS, seed: int = 0) -> Scenario:
-    """The held-out workload as explicit requests: the same arrivals and lengths live and in the
-    twin (a twin's seeds then vary only its acceptance and jitter draws)."""
-    table = {"arrival": "poisson", "rate_per_s": rate, "num_requests": n, **HELD_OUT}
-    specs = Workload.parse(table, Path(".")).specs(seed)
-    return Scenario(f"held-out-{rate:g}", requests=tuple(specs))
+def workload(rate_per_s: float, num_requests: int = NUM_REQUESTS) -> Scenario:
+    """The held-out workload at a rate: prompts of 24-192 tokens and lognormal budgets around 48 (the
+    calibration sends lone fixed lengths and fixed batches), Poisson arrivals, half speculative."""
+    load = Workload("poisson", num_requests, rate_per_s=float(rate_per_s),
+                    prompt_len=Lengths(low=24, high=192), max_tokens=Lengths(mean=48.0, sigma=0.4),
+                    speculative_share=0.5)
+    return Scenario("heldout", description="calibrate --report: held-out open-loop workload", workload=load)
 
 
-def simulate(profile: runner.Profile, scenario: Scenario, config: SchedulerConfig,
-             seeds: Iterable[int]) -> tuple[list, list]:
-    """The twin's runs and step counters; a request is classic when the client asked so (llama.cpp
-    speculates it anyway)."""
-    priced = runner.priced(scenario, profile)
-    runs, counters = [], []
-    for seed in seeds:
-        run = runner.execute(priced, config, seed)
-        runs.append([twin.served(r.arrival_ms, run.token_times[r.id], r.speculative) for r in run.requests])
-        worked = [t for t in run.ticks if t.action.value != "idle"]
-        counters.append({"steps": len(worked), "busy_per_step": sum(len(t.request_ids) for t in worked) / len(worked),
-                         "drafts": run.scheduler.obs.rounds, "draft_tokens": run.scheduler.obs.drafted_tokens})
-    return runs, counters
+def solo_life_ms(cost) -> float:
+    """A mean request of the workload (108 prompt tokens, 48 tokens out), alone, on these costs."""
+    return float(cost.prefill(108) + 48 * cost.decode(1))
 
 
-def server_counters(before: dict, after: dict) -> dict:
-    """llama-server's own books over one run: llama_decode calls, busy slots per call, drafts."""
-    n = after["llamacpp:n_decode_total"] - before["llamacpp:n_decode_total"]
-    busy = (after["llamacpp:n_busy_slots_per_decode"] * after["llamacpp:n_decode_total"]
-            - before["llamacpp:n_busy_slots_per_decode"] * before["llamacpp:n_decode_total"])
-    return {"steps": n, "busy_per_step": busy / n if n else None,
-            "drafts": after["llamacpp:spec_decode_num_drafts_total"] - before["llamacpp:spec_decode_num_drafts_total"],
-            "draft_tokens": after["llamacpp:spec_decode_num_draft_tokens_total"]
-            - before["llamacpp:spec_decode_num_draft_tokens_total"]}
+def light_rate(solo_life_ms: float) -> float:
+    """LIGHT_IN_FLIGHT requests in flight on average, when each lives solo_life_ms."""
+    return round(LIGHT_IN_FLIGHT * 1000.0 / max(solo_life_ms, 1.0), 3)
 
 
-def mean_counters(rows: list[dict]) -> dict:
-    return {k: float(np.mean([r[k] for r in rows if r[k] is not None])) for k in rows[0]}
+def run_figures(timed: Sequence[Timed]) -> dict[str, float | None]:
+    """The METRICS of one run: the sweep point's figures and the mean of every inter-token gap."""
+    failed = [t for t in timed if t.error]
+    if failed:
+        raise RuntimeError(f"held-out run: {len(failed)} of {len(timed)} requests failed, first: {failed[0].error}")
+    point = figures(timed, NO_SLO)
+    gaps = [g for t in timed for g in metrics.itl(t.token_times_ms)]
+    point["itl_mean_ms"] = float(np.mean(gaps)) if gaps else None
+    return {m: point[m] for m in METRICS}
 
 
-def twins(profile_path: Path, server: target.Server, speculates: bool) -> dict:
-    """{name: (profile, config)}: "coopsched", today's twin (coopsched's scheduler at the costs
-    calibrate fitted from token timing); "coopsched+costs", the same scheduler at the costs the
-    server kind's calibration replaced them with; "llama.cpp" (the profile's kind), the twin after,
-    and "llama.cpp@timing", that scheduler at today's costs."""
-    profile = runner.Profile.load(profile_path)
-    data = json.loads(profile_path.read_text())
-    replaced = (data.get("calibrated") or {}).get("replaced") or {}
-    known = set(CostModel.__dataclass_fields__)
-    today = CostModel(**{k: v for k, v in {**data, **replaced}.items() if k in known})
-    k = int(profile.server_params.get("spec_draft_n_max", 3)) + 1
-    before = target.twin_config_of(server, None, k).with_(has_drafter=speculates)
-    slots = int(profile.server_params.get("parallel", 4))
-    after = SchedulerConfig(block_size=k, has_drafter=speculates, num_kv_slots=max(16, slots),
-                            slot_tokens=server.context_tokens or 4096)
-    reference = replace(profile, server="coopsched", server_params={})
-    return {"coopsched": (replace(reference, cost=today), before), "coopsched+costs": (reference, before),
-            f"{profile.server}@timing": (replace(profile, cost=today), after), profile.server: (profile, after)}
+def row(metric: str, predicted: float | None, runs: Sequence[float | None]) -> dict:
+    """One metric's line: the pass rule applied (pass None when a side has no value)."""
+    values = [v for v in runs if v is not None]
+    measured = float(np.mean(values)) if len(values) == len(runs) and values else None
+    spread = (max(values) - min(values)) / measured if measured else None
+    error = predicted / measured - 1 if predicted is not None and measured else None
+    allowed = max(TOLERANCE[metric], SPREAD_FACTOR * spread) if spread is not None else None
+    r4 = lambda v: None if v is None else round(v, 4)
+    return {"predicted": r4(predicted), "measured": r4(measured), "error": r4(error), "spread": r4(spread),
+            "tolerance": TOLERANCE[metric], "allowed": r4(allowed),
+            "pass": None if error is None or allowed is None else bool(abs(error) <= allowed + 1e-12),
+            "runs": [r4(v) for v in runs]}
 
 
-def figures(runs: list[list[dict]]) -> dict:
-    """Per run and pooled: aggregate tok/s, TTFT p50/p95, mean ITL, classic ITL p99."""
-    per_run = [run_figures([run]) for run in runs]
-    pooled = run_figures(runs)
-    pooled["aggregate_tok_s"] = float(np.mean([f["aggregate_tok_s"] for f in per_run]))
-    spread = {k: (max(f[k] for f in per_run) - min(f[k] for f in per_run)) / pooled[k]
-              for k in pooled if pooled[k] and all(f[k] is not None for f in per_run)}
-    return {"pooled": pooled, "runs": per_run, "spread": spread}
+def compare(predicted: dict, live: Sequence[dict]) -> dict:
+    """{metric: row} and the verdict: every judged row passes (a row with no value is not judged)."""
+    rows = {m: row(m, predicted[m], [run[m] for run in live]) for m in METRICS}
+    judged = [r["pass"] for r in rows.values() if r["pass"] is not None]
+    return {"rows": rows, "pass": bool(judged) and all(judged)}
 
 
-def run_figures(runs: list[list[dict]]) -> dict:
-    ttft, gaps, classic, spans, tokens = [], [], [], [], 0
-    for run in runs:
-        start = min(r["arrival_ms"] for r in run)
-        end = max(r["token_times_ms"][-1] for r in run if r["token_times_ms"])
-        spans.append(end - start)
-        for r in run:
-            times = r["token_times_ms"]
-            tokens += len(times)
-            if times:
-                ttft.append(times[0] - r["arrival_ms"])
-            steps = [b - a for a, b in pairwise(times)]
-            gaps += steps
-            if not r["speculative"]:
-                classic += steps
-    pct = lambda xs, q: float(np.percentile(xs, q)) if xs else None
-    return {"aggregate_tok_s": 1000.0 * tokens / sum(spans), "ttft_p50_ms": pct(ttft, 50),
-            "ttft_p95_ms": pct(ttft, 95), "itl_mean_ms": float(np.mean(gaps)) if gaps else None,
-            "classic_itl_p99_ms": pct(classic, 99)}
+@dataclass(frozen=True)
+class Rung:
+    rate_per_s: float
+    figures: dict
+    keeps_up: bool
+
+    def to_json(self) -> dict:
+        return {"rate_per_s": self.rate_per_s, "keeps_up": self.keeps_up,
+                **{k: None if v is None else round(v, 4) for k, v in self.figures.items()}}
 
 
-def live(server: target.Server, scenario: Scenario, runs: int, seed: int = 0, counters: list | None = None,
-         before_run: Callable[[], None] | None = None) -> list[list[dict]]:
-    """The workload live `runs` times (the same requests each time: the spread is the server's);
-    the server's counters over each run appended to `counters`."""
-    specs = scenario.requests
-    out = []
-    for _ in range(runs):
-        if before_run:
-            before_run()
-        before = client.settled(lambda: client.try_scrape(server.url))
-        out.append(target.measure_workload(server, specs, seed))
-        after = client.settled(lambda: client.try_scrape(server.url))
-        if counters is not None and before and after:
-            counters.append(server_counters(before, after))
+def ladder(live: Run, light: float, num_requests: int, rungs: int = LADDER_RUNGS) -> tuple[float, list[Rung]]:
+    """Doubling rates from the light one, each run once live, until one no longer keeps up (see
+    KEEP_UP, TTFT_RISE): the knee is the last doubling that kept up, else the first doubling."""
+    base = run_figures(live(workload(light, num_requests), 0))
+    out = [Rung(light, base, True)]
+    per_request = (base["aggregate_tok_s"] or 0.0) / light
+    for i in range(1, rungs + 1):
+        rate = round(light * 2 ** i, 3)
+        got = run_figures(live(workload(rate, num_requests), 0))
+        keeps = ((got["aggregate_tok_s"] or 0.0) / rate >= KEEP_UP * per_request
+                 and (got["ttft_p50_ms"] or 0.0) <= TTFT_RISE * max(base["ttft_p50_ms"] or 0.0, 1.0))
+        out.append(Rung(rate, got, keeps))
+        if not keeps:
+            break
+    kept = [r.rate_per_s for r in out if r.keeps_up]
+    return (kept[-1] if len(kept) > 1 else out[min(1, len(out) - 1)].rate_per_s), out
+
+
+def check(live: Run, twin: Callable[[Scenario], list[Timed]], solo_life_ms: float,
+          num_requests: int = NUM_REQUESTS, runs: int = LIVE_RUNS, progress: Callable[[str], None] | None = None
+          ) -> dict:
+    """The held-out report: the ladder, then the light and knee workloads live `runs` times and once
+    on the twin, compared row by row."""
+    say = progress or (lambda _: None)
+    light = light_rate(solo_life_ms)
+    say(f"knee ladder from {light:g} req/s")
+    knee, rungs = ladder(live, light, num_requests)
+    out: dict = {"rule": RULE, "requests": num_requests, "seed": SEED, "live_runs": runs,
+                 "ladder": [r.to_json() for r in rungs], "knee_rate_per_s": knee, "workloads": {}}
+    for name, rate in (("light", light), ("knee", knee)):
+        scen = workload(rate, num_requests)
+        live_figures = []
+        for i in range(runs):
+            say(f"{name} workload ({rate:g} req/s) live run {i + 1}/{runs}")
+            live_figures.append(run_figures(live(scen, i)))
+        predicted = run_figures(twin(scen))
+        out["workloads"][name] = {"rate_per_s": rate, **compare(predicted, live_figures)}
+    out["pass"] = all(w["pass"] for w in out["workloads"].values())
     return out
 
 
-def error_row(predicted: dict, measured: dict) -> dict:
-    rows = {}
-    for metric, limit in TARGETS.items():
-        p, m = predicted["pooled"].get(metric), measured["pooled"].get(metric)
-        spread = measured["spread"].get(metric, 0.0)
-        err = None if p is None or not m else p / m - 1
-        rows[metric] = {"predicted": p, "measured": m, "error": err, "spread": spread,
-                        "within": err is not None and abs(err) <= max(limit, SPREAD_FACTOR * spread)}
-    return rows
+def print_check(console, report: dict, title: str) -> None:
+    from rich.table import Table
 
-
+    table = Table(title=title, box=None, pad_edge=False, padding=(0, 1), header_style="bold",
+                  caption=f"rule: {report['rule']}")
+    for col in ("workload", "metric", "predicted", "measured", "error", "spread", "allowed", "verdict"):
+        table.add_column(col, justify="left" if col in ("workload", "metric") else "right", no_wrap=True)
+    num = lambda v: "-" if v is None else f"{v:.2f}"
+    pct = lambda v: "-" if v is None else f"{v:+.1%}"
+    for name, w in report["workloads"].items():
+        for metric, r in w["rows"].items():
+            verdict = "-" if r["pass"] is None else ("[green]PASS[/]" if r["pass"] else "[red]FAIL[/]")
+            table.add_row(f"{name} {w['rate_per_s']:g}/s", metric, num(r["predicted"]), num(r["measured"]),
+                          pct(r["error"]), "-" if r["spread"] is None else f"{r['spread']:.1%}",
+                          "-" if r["allowed"] is None else f"{r['allowed']:.0%}", verdict)
+        table.add_section()
+    console.print(table)
+    ladder_text = ", ".join(f"{r['rate_per_s']:g}/s {'ok' if r['keeps_up'] else 'saturated'}"
+                            for r in report["ladder"])
+    rows = [r for w in report["workloads"].values() for r in w["rows"].values() if r["pass"] is not None]
+    wide = sum(r["allowed"] > r["tolerance"] for r in rows)
+    console.print(f"knee ladder: {ladder_text} -> knee {report['knee_rate_per_s']:g} req/s; held-out check "
+                  f"{'[green]PASS[/]' if report['pass'] else '[red]FAIL[/]'}; {wide} of {len(rows)} rows allowed "
+                  "more than their tolerance by the live runs' own spread (a loaded machine widens it)",
+                  highlight=False, soft_wrap=True)

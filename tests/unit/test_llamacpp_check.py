@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.calibrate.heldout import error_row, figures, server_counters, workload
+from harness.calibrate.llamacpp_check import error_row, figures, server_counters, workload
 
 
 def row(arrival, times, speculative=False):
