@@ -149,7 +149,7 @@ def calibrate(args) -> int:
     calibrated.setdefault("coopsched_terms", {k: document.get(k) for k in cost if k != "jitter_quantiles"})
     calibrated["coopsched_terms"].setdefault("jitter_quantiles", document.get("jitter_quantiles"))
     document.update(cost, server="mlx-lm", server_params=params)
-    calibrated["server_evidence"] = evidence
+    calibrated["server_fit"] = evidence
     Path(args.out).write_text(json.dumps(document, indent=1) + "\n")
     print(f"{args.out}: server mlx-lm, server_params {params}, cost terms {cost}")
     return 0

@@ -166,7 +166,7 @@ def main(argv=None) -> int:
             models = twins(profile_path, server, speculates)
             rate, ladder = knee(server) if args.rate is None else (args.rate, [])
             out = {"profile": {k: profile.get(k) for k in ("server", "server_params")},
-                   "evidence": profile["calibrated"].get("server_evidence"), "knee_rate_per_s": rate,
+                   "evidence": profile["calibrated"].get("server_fit"), "knee_rate_per_s": rate,
                    "ladder": ladder, "workloads": {}}
             for name, r in (("light", rate / 4), ("knee", rate)):
                 scenario = workload(r)

@@ -242,12 +242,14 @@ def _target(args: argparse.Namespace, console) -> int:
         the_twin = Profile(loaded.cost, kind, loaded.server_params if kind == loaded.server else {})
     else:
         fitted = profile.pop("fit")
-        the_twin = Profile(CostModel(**profile), kind, {})
-        document = {**profile, "server": kind, "server_params": dict(the_twin.server_params),
+        params, server_fit, replaced = _fit_server(kind, server, profile, fitted, console)
+        the_twin = Profile(CostModel(**profile), kind, params)
+        document = {**profile, "server": kind, "server_params": params,
                     "calibrated": {"target": server.url, "model": server.model, "mode": server.mode,
                                    "block_size": k, "repeats": repeats, "extensions": server.extensions,
                                    "context": server.context_source, "load_average": loads,
-                                   "server_evidence": evidence, "fit": fitted}}
+                                   "server_evidence": evidence, "server_fit": server_fit, "replaced": replaced,
+                                   "fit": fitted}}
         _write(args.out, document)
         _print_target_fit(args.out, profile, fitted, k)
     if args.report:
@@ -262,6 +264,26 @@ def _target(args: argparse.Namespace, console) -> int:
         _write(args.report, report)
         _print_heldout(report["heldout"], server.url, kind)
     return 0
+
+
+def _fit_server(kind: str, server, profile: dict, fitted: dict, console) -> tuple[dict, dict, dict]:
+    """The kind's scheduler parameters the server does not report, probed live (printed as measured);
+    cost terms the kind's model prices its own way replace the timing fit's, which are kept in
+    `replaced`. Returns (server_params, the probes' evidence, the replaced terms)."""
+    from harness.calibrate import server_params
+
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        console.print(line, highlight=False, soft_wrap=True)
+
+    params, evidence, costs = server_params.fit_params(kind, server, profile, fitted, say)
+    for line in [] if said else evidence.get("says", []):  # a fitter that reports its lines at the end
+        console.print(line, highlight=False, soft_wrap=True)
+    replaced = {name: profile.get(name) for name in costs}
+    profile.update(costs)
+    return params, evidence, replaced
 
 
 def _server_kind(args: argparse.Namespace, url: str, console) -> tuple[str, str]:

@@ -344,7 +344,7 @@ def calibrate_llamacpp(profile: dict, server: Server) -> list[str]:
     params, evidence, costs = fit_llama_cpp(server, profile, calibrated.get("fit") or {}, lambda _: None)
     calibrated["replaced"] = evidence["replaced"]
     profile.update(costs, server="llama.cpp", server_params=params)
-    calibrated["server_evidence"] = evidence["says"]
+    calibrated["server_fit"] = evidence
     return evidence["says"]
 
 
