@@ -123,8 +123,9 @@ class RealScheduler:
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k) if k else None
         config = VllmConfig(scheduler_config=scheduler, model_config=model, cache_config=cache,
                             speculative_config=spec)
-        kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+        layer = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["layer"], layer)])
         cache.num_gpu_blocks = num_blocks
         self.scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, log_stats=False,
                                    structured_output_manager=StructuredOutputManager(config), block_size=block_size)
