@@ -22,8 +22,9 @@ from .base import Param, StepModel
 class VllmModel(StepModel):
     kind = "vllm"
     PARAMS = (
-        Param("max_num_seqs", 256, "--max-num-seqs",
-              "requests running at once (prefilling or decoding); admission stops at this many"),
+        Param("max_num_seqs", 128, "--max-num-seqs",
+              "requests running at once (prefilling or decoding); admission stops at this many "
+              "(default: vLLM for CPU's, for its OpenAI server)"),
         Param("max_num_batched_tokens", 2048, "--max-num-batched-tokens",
               "tokens one step schedules over all its rows: 1 per decode, 1 + K per speculative "
               "decode, the rest to prompt chunks"),
@@ -33,6 +34,9 @@ class VllmModel(StepModel):
         Param("enable_chunked_prefill", True, "--enable-chunked-prefill",
               "a prompt longer than the budget left is prefilled in chunks over several steps "
               "(off: it waits for a step with room for all of it)"),
+        Param("frontend_ms", 0.0, "(the API server process: no flag)",
+              "ms from a client's send to the engine's scheduler seeing the request (HTTP, tokenizing, "
+              "IPC): an open-loop twin submits each request that much later and counts TTFT from its send"),
     )
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
@@ -43,6 +47,10 @@ class VllmModel(StepModel):
         k = _count(self.params, "num_speculative_tokens", 0)
         self.num_spec = (k or config.block_size - 1) if self.speculates else 0  # K: proposals a row a step
         self.chunked = bool(self.params["enable_chunked_prefill"])
+        frontend = self.params["frontend_ms"]
+        if isinstance(frontend, bool) or not isinstance(frontend, (int, float)) or not 0 <= frontend < 1e6:
+            raise ValueError(f"server_params frontend_ms={frontend!r}: a vllm twin wants a number of ms >= 0")
+        self.frontend_ms = float(frontend)
 
     def plan_step(self) -> Plan:
         step = Step(self.token_budget)

@@ -1,0 +1,204 @@
+"""The server model's parameters the server does not report, measured: one fitter per server kind.
+
+`fit_params(kind, server, calibration)` -> (params for the kind's twin, cost terms to override, evidence
+lines to print). vLLM: its batch cap from a concurrency probe, K and the ngram acceptance from its
+`vllm:spec_decode_*` counters, its frontend's share of TTFT from its own latency histograms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.calibrate import fit
+from harness.calibrate.target import Server, TargetCalibration, arrivals_ms, text_prompt
+from harness.live import client
+
+PROBE_REQUESTS, PROBE_TOKENS = 16, 48
+VLLM_DEFAULT_MAX_NUM_SEQS = 128   # vLLM for CPU: `--max-num-seqs` of its OpenAI server, when the probe sees no cap
+VLLM_DEFAULT_BATCHED_TOKENS = 2048       # ... and `--max-num-batched-tokens` for its OpenAI server
+
+
+@dataclass
+class Fitted:
+    params: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)      # CostModel terms the server's own counts correct
+    evidence: list[str] = field(default_factory=list)
+
+
+def fit_params(kind: str, server: Server, calibration: TargetCalibration | None = None) -> Fitted:
+    fitter = FITTERS.get(kind)
+    return Fitted() if fitter is None else fitter(server, calibration)
+
+
+# -- vLLM -------------------------------------------------------------------------------------------
+def folded(samples: Mapping[str, float] | None) -> dict[str, float]:
+    """A scrape with every label set summed per metric name."""
+    out: dict[str, float] = {}
+    for name, value in (samples or {}).items():
+        bare = name.split("{", 1)[0]
+        out[bare] = out.get(bare, 0.0) + value
+    return out
+
+
+def spec_positions(samples: Mapping[str, float] | None) -> int:
+    """K: the positions vLLM counts accepted drafts at (one label per proposed token)."""
+    return len({name for name in samples or {} if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos")
+                and "position=" in name})
+
+
+def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float], k: int) -> tuple[float, str] | None:
+    """(accept_prob for K drafts a row-step, evidence) from the counters' change over the calibration:
+    every decode row-step emits 1 + its accepted drafts, so row-steps = output tokens - first tokens
+    - accepted; rows ngram found no match for propose nothing, and the twin folds them in (it
+    proposes K for every row), so the acceptance is the one that gives the same tokens per row-step."""
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    drafts, drafted = delta.get("vllm:spec_decode_num_drafts_total", 0.0), delta.get(
+        "vllm:spec_decode_num_draft_tokens_total", 0.0)
+    accepted = delta.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+    generated = delta.get("vllm:generation_tokens_total", 0.0)
+    requests = delta.get("vllm:request_success_total", 0.0)
+    row_steps = generated - requests - accepted
+    if not drafted or row_steps <= 0:
+        return None
+    per_step = (generated - requests) / row_steps
+    accept = fit.acceptance_from_tokens(per_step, k + 1)
+    return accept, (f"vllm:spec_decode_*: {accepted:.0f} of {drafted:.0f} draft tokens accepted over {drafts:.0f} "
+                    f"proposals in {row_steps:.0f} row-steps ({drafts / row_steps:.0%} proposed): "
+                    f"{per_step:.3f} tokens a row-step -> accept_prob {accept:.4f} at K={k}")
+
+
+def concurrency_cap(server: Server, num_requests: int = PROBE_REQUESTS) -> tuple[int | None, str]:
+    """How many requests the server runs at once: `num_requests` sent together, those whose first token
+    came before any request finished were running together; None when all of them did (no cap seen)."""
+    bodies = [server.body(text_prompt(16, f"probe:{i}"), PROBE_TOKENS, False) for i in range(num_requests)]
+    outs = server.together(bodies)
+    origin = min(o.sent_ns for o in outs)
+    firsts, lasts = zip(*[(t[0], t[-1]) for t in (arrivals_ms(o, origin)[0] for o in outs) if t])
+    running = sum(f < min(lasts) for f in firsts)
+    if running >= len(firsts):
+        return None, f"all {len(firsts)} probe requests ran together: no cap below {len(firsts)} seen"
+    return running, (f"{running} of {len(firsts)} probe requests had their first token before the first "
+                     f"finished at {min(lasts):.0f} ms; the others waited for a running place")
+
+
+def frontend_ms(before: Mapping[str, float], after: Mapping[str, float],
+                client_ttft_ms: float) -> tuple[float, str] | None:
+    """The mean TTFT the engine does not see (HTTP, tokenizing, IPC): the clients' mean TTFT minus
+    vLLM's own mean queue + prefill time over the same requests."""
+    delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in after}
+    count = delta.get("vllm:request_prefill_time_seconds_count", 0.0)
+    if not count:
+        return None
+    engine_ms = 1e3 * (delta.get("vllm:request_queue_time_seconds_sum", 0.0)
+                       + delta.get("vllm:request_prefill_time_seconds_sum", 0.0)) / count
+    share = max(client_ttft_ms - engine_ms, 0.0)
+    return share, (f"TTFT {client_ttft_ms:.2f} ms at the client, {engine_ms:.2f} ms queued + prefilling in the "
+                   f"engine (vllm:request_*_time_seconds over {count:.0f} requests): frontend {share:.2f} ms")
+
+
+def step_ms(server: Server, scrape: Callable[[], dict[str, float] | None], batch: int,
+            num_tokens: int = PROBE_TOKENS) -> float | None:
+    """One engine step with `batch` rows decoding: `batch` requests sent together, the time from the
+    first first token to the last token over the steps vLLM counted between them
+    (`vllm:iteration_tokens_total_count`); the clients' delivery bunching cancels out."""
+    before = folded(scrape())
+    outs = server.together([server.body(text_prompt(16, f"step:{batch}:{i}:{time.monotonic_ns()}"), num_tokens, False)
+                            for i in range(batch)])
+    after = folded(client.settled(scrape))
+    steps = after.get(STEPS, 0.0) - before.get(STEPS, 0.0)
+    origin = min(o.sent_ns for o in outs)
+    times = [arrivals_ms(o, origin)[0] for o in outs]
+    firsts, lasts = [t[0] for t in times if t], [t[-1] for t in times if t]
+    if steps < 2 or not firsts:
+        return None
+    return (max(lasts) - min(firsts)) / (steps - 1)
+
+
+STEPS = "vllm:iteration_tokens_total_count"
+
+
+def step_costs(server: Server, scrape: Callable[[], dict[str, float] | None],
+               batches: tuple[int, ...], repeats: int = 3) -> dict[int, float]:
+    """The median step per batch size, over `repeats` probes each (round-robin, so load spreads)."""
+    samples: dict[int, list[float]] = {b: [] for b in batches}
+    for _ in range(repeats):
+        for b in batches:
+            ms = step_ms(server, scrape, b)
+            if ms is not None:
+                samples[b].append(ms)
+    return {b: float(np.median(xs)) for b, xs in samples.items() if xs}
+
+
+def fit_vllm(server: Server, calibration: TargetCalibration | None = None) -> Fitted:
+    """What the vllm twin needs beyond the cost fit: max_num_seqs (a concurrency probe), K and the
+    acceptance (vllm:spec_decode_*), one step's cost per batch (iteration counts), and the
+    frontend's share of TTFT (vLLM's own queue and prefill times beside the clients' TTFT)."""
+    out = Fitted()
+    scrape: Callable[[], dict[str, float] | None] = lambda: client.try_scrape(server.url)
+    raw = scrape()
+    if raw is None or STEPS not in folded(raw):
+        raise RuntimeError(f"{server.url}/metrics has no {STEPS}: the vllm twin's step costs are read from vLLM's "
+                           "own counters (start vLLM without --disable-log-stats)")
+    before = folded(raw)
+    cap, why = concurrency_cap(server)
+    out.params["max_num_seqs"] = cap or VLLM_DEFAULT_MAX_NUM_SEQS
+    out.evidence.append(f"max_num_seqs {out.params['max_num_seqs']}: {why}"
+                        + ("" if cap else f"; vLLM's default {VLLM_DEFAULT_MAX_NUM_SEQS} assumed"))
+    out.params["max_num_batched_tokens"] = VLLM_DEFAULT_BATCHED_TOKENS
+    out.evidence.append(f"max_num_batched_tokens {VLLM_DEFAULT_BATCHED_TOKENS}: vLLM's default for its OpenAI server "
+                        "(not exposed; it binds only when prompts arriving together exceed it)")
+    k = spec_positions(raw)
+    batches = tuple(b for b in (1, 2, 4, 8) if b <= int(out.params["max_num_seqs"]))
+    steps = step_costs(server, scrape, batches)
+    lone = folded(client.settled(scrape))
+    ttfts = probe_ttfts(server)
+    after = folded(client.settled(scrape))
+    points = [[b, round(v, 4)] for b, v in zip(steps, fit.monotone(list(steps.values())))]
+    out.cost.update(decode_ms=points, round_ms=None, draft_per_token_ms=0.0, draft_prefill_per_token_ms=0.0,
+                    fused_padding="ragged", switch_ms=0.0, jitter_quantiles=None)
+    out.evidence.append("one step (vllm:iteration_tokens_total between first and last tokens): "
+                        + ", ".join(f"B={b} {ms:.2f} ms" for b, ms in points))
+    if k:
+        out.params["num_speculative_tokens"] = k
+        out.cost["verify_ms"] = [[b * (k + 1), ms] for b, ms in points]  # a step verifies 1 + K a row
+        accept = ngram_acceptance(before, after, k)
+        if accept is not None:
+            out.cost["accept_prob"] = round(accept[0], 4)
+            out.evidence.append(accept[1])
+    else:
+        out.cost.update(verify_ms=[points[0]], accept_prob=None)
+        out.evidence.append("no vllm:spec_decode_num_accepted_tokens_per_pos positions: no speculation configured")
+    _fit_prefill(out, lone, after, ttfts)
+    return out
+
+
+def _fit_prefill(out: Fitted, before: Mapping[str, float], after: Mapping[str, float], ttfts: list[float]) -> None:
+    """A lone request's TTFT split: the frontend's share (not the engine's) and the prefill step's."""
+    share = frontend_ms(before, after, float(np.mean(ttfts))) if ttfts else None
+    if share is None:
+        return
+    delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in after}
+    count = delta.get("vllm:request_prefill_time_seconds_count", 0.0)
+    prefill = 1e3 * delta.get("vllm:request_prefill_time_seconds_sum", 0.0) / count if count else 0.0
+    out.params["frontend_ms"] = round(share[0], 3)
+    out.cost["prefill_fixed_ms"] = round(prefill, 4)
+    out.evidence.append(share[1] + f"; the prefill step {prefill:.2f} ms")
+
+
+def probe_ttfts(server: Server, num_requests: int = 6) -> list[float]:
+    """Lone requests one after another (what the frontend share is measured on); their TTFTs."""
+    ttfts = []
+    for i in range(num_requests):
+        got = server.collect(server.body(text_prompt(32, f"frontend:{i}"), 24, True))
+        times, _ = arrivals_ms(got)
+        if times:
+            ttfts.append(times[0])
+        time.sleep(0.02)
+    return ttfts
+
+
+FITTERS: dict[str, Callable[[Server, TargetCalibration | None], Fitted]] = {"vllm": fit_vllm}
