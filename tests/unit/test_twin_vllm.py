@@ -103,11 +103,31 @@ def test_params_are_documented_with_the_flag_they_mirror():
     assert {p.name: p.flag for p in VllmModel.PARAMS} == {
         "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
         "num_speculative_tokens": "--speculative-config num_speculative_tokens",
-        "enable_chunked_prefill": "--enable-chunked-prefill"}
+        "enable_chunked_prefill": "--enable-chunked-prefill", "frontend_ms": "(the API server process: no flag)"}
     with pytest.raises(ValueError, match="'max_num_seq' unknown"):
         make_scheduler("vllm", SchedulerConfig(), {"max_num_seq": 4})
     with pytest.raises(ValueError, match="max_num_seqs=0: a vllm twin wants an int >= 1"):
         make_scheduler("vllm", SchedulerConfig(), {"max_num_seqs": 0})
+
+
+def test_frontend_ms_delays_admission_and_counts_in_ttft():
+    """An open-loop twin submits each request frontend_ms late; its TTFT is from the client's send."""
+    from harness.run import runner
+    from harness.run.scenario import RequestSpec, Scenario
+
+    cost = CostModel(prefill_fixed_ms=2.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0]])
+    scenario = Scenario("lone", requests=(RequestSpec("a", 0.0, 4, max_tokens=2), RequestSpec("b", 3.0, 4,
+                                                                                           max_tokens=2)))
+    ttft = {}
+    for frontend in (0.0, 5.0):
+        priced = runner.priced(scenario, runner.Profile(cost, "vllm", {"frontend_ms": frontend}))
+        run = runner.execute(priced, SchedulerConfig(has_drafter=False))
+        ttft[frontend] = [run.token_times[r.id][0] - r.arrival_ms for r in run.requests]
+    # a: seen at 0 (5), prefilled in 4 ms. b: seen at 3 (8), waits 1 ms for a's prefill to end, then
+    # its prompt and a's decode in one mixed step (4 + 4 ms)
+    assert ttft[0.0] == [4.0, 1.0 + 4.0 + 4.0]
+    assert ttft[5.0] == [5.0 + 4.0, 5.0 + 1.0 + 4.0 + 4.0]
+    assert [r.arrival_ms for r in run.requests] == [0.0, 3.0]  # restored: the client's send times
 
 
 # -- planted regressions: each rule removed, the tables above must fail -------------------------
