@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from coopsched.core import SchedulerConfig
 from harness.calibrate import server_params, target, twin
+from harness.live import client
 from harness.run import metrics
 from harness.run.runner import Profile
 from harness.run.scenario import Scenario
@@ -79,17 +82,38 @@ def twin_config(profile: Profile, speculates: bool) -> SchedulerConfig:
                            num_kv_slots=max(16, seqs))
 
 
+def refit(profile: Profile, probes: list[dict[int, float]]) -> Profile:
+    """The profile with its step costs from the probes taken beside the live runs (their means)."""
+    batches = sorted(set.intersection(*(set(p) for p in probes)))
+    ms = server_params.fit.monotone([float(np.mean([p[b] for p in probes])) for b in batches])
+    points = [[b, round(v, 4)] for b, v in zip(batches, ms)]
+    k = int(profile.server_params.get("num_speculative_tokens") or 0)
+    verify = [[b * (k + 1), v] for b, v in points] if k else [points[0]]
+    return replace(profile, cost=replace(profile.cost, decode_ms=points, verify_ms=verify))
+
+
 def check(args: argparse.Namespace) -> int:
     server = target.Server.connect(args.target)
     scenario = workload(args.rate, args.num_requests, args.seed)
-    live = [target.measure_workload(server, scenario.requests, 1000 + i) for i in range(args.runs)]
+    live, probes = [], []
+    scrape = lambda: client.try_scrape(server.url)
+    for i in range(args.runs):  # --refit: one step's cost probed beside each live run, on the same machine
+        if args.refit:
+            probes.append(server_params.step_costs(server, scrape, (1, 2, 4, 8), repeats=1))
+        live.append(target.measure_workload(server, scenario.requests, 1000 + i))
     measured, spreads = figures(live), spread(live)
-    report = {"target": args.target, "rate_per_s": args.rate, "num_requests": args.num_requests, "runs": args.runs,
+    if probes:
+        print("step costs beside the live runs: " + "; ".join(", ".join(f"B={b} {v:.1f}" for b, v in p.items())
+                                                              for p in probes))
+    report = {"target": args.target, "probes": probes, "rate_per_s": args.rate, "num_requests": args.num_requests,
+              "runs": args.runs, "load_average": os.getloadavg()[0],
               "measured": measured, "spread": spreads, "twins": {}}
     print(f"{args.target}: {args.num_requests} requests at {args.rate:g}/s, {args.runs} live runs")
     for spec in args.twin:
         name, path = spec.split("=", 1)
         profile = Profile.load(path)
+        if probes and profile.server == "vllm":
+            profile = refit(profile, probes)
         speculates = profile.cost.accept_prob is not None
         held_out = scenario if speculates else twin.classic(scenario)
         config = twin_config(profile, speculates) if profile.server == "vllm" else target.twin_config_of(
@@ -141,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--seed", type=int, default=7)
     c.add_argument("--block-size", type=int, default=4)
     c.add_argument("--json")
+    c.add_argument("--refit", action="store_true", help="probe vLLM's step cost beside each live run for the vllm twin")
     args = parser.parse_args(argv)
     return check(args) if args.command == "check" else fit(args)
 
