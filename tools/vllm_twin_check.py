@@ -120,7 +120,9 @@ def check(args: argparse.Namespace) -> int:
             server, None, args.block_size)
         if not speculates:
             config = config.with_(has_drafter=False)
-        predicted = figures(twin.simulate(profile, config, range(args.seeds), held_out))
+        runs = twin.simulate(profile, config, range(args.seeds), held_out)
+        sent = [spec.speculative for spec in scenario.requests]  # classic = sent classic (vLLM speculates all)
+        predicted = figures([[{**row, "speculative": flag} for row, flag in zip(run, sent)] for run in runs])
         rows = {}
         for m in METRICS:
             p, v = predicted[m], measured[m]

@@ -46,8 +46,8 @@ def folded(samples: Mapping[str, float] | None) -> dict[str, float]:
 
 def spec_positions(samples: Mapping[str, float] | None) -> int:
     """K: the positions vLLM counts accepted drafts at (one label per proposed token)."""
-    return len({name for name in samples or {} if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos")
-                and "position=" in name})
+    return len({name.split("position=", 1)[1].split(",", 1)[0] for name in samples or {}
+                if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total") and "position=" in name})
 
 
 def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float], k: int) -> tuple[float, str] | None:
