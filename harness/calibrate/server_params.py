@@ -139,8 +139,8 @@ def fit_vllm(server: Server, calibration: TargetCalibration | None = None) -> Fi
     k = spec_positions(raw)
     batches = tuple(b for b in (1, 2, 4, 8) if b <= int(out.params["max_num_seqs"]))
     steps = step_costs(server, scrape, batches)
-    lone = probe_ttfts(server)
-    hot = hot_ttfts(server)
+    timed = folded(client.settled(scrape))
+    ttfts = probe_ttfts(server) + hot_ttfts(server)
     after = folded(client.settled(scrape))
     points = [[b, round(v, 4)] for b, v in zip(steps, fit.monotone(list(steps.values())))]
     out.cost.update(decode_ms=points, round_ms=None, draft_per_token_ms=0.0, draft_prefill_per_token_ms=0.0,
@@ -157,36 +157,40 @@ def fit_vllm(server: Server, calibration: TargetCalibration | None = None) -> Fi
     else:
         out.cost.update(verify_ms=[points[0]], accept_prob=None)
         out.evidence.append("no vllm:spec_decode_num_accepted_tokens_per_pos positions: no speculation configured")
-    _fit_prefill(out, lone, hot, float(np.interp(3, *zip(*points))))
+    _fit_prefill(out, timed, after, ttfts)
     return out
 
 
-def _fit_prefill(out: Fitted, lone: list[float], hot: list[float], step: float) -> None:
-    """The TTFT before the scheduler sees a request, from requests that arrive while others decode
-    (their TTFT less half a step waited and the step that prefills them): vLLM folds a new prompt
-    into the running rows' one forward, so a prompt adds its tokens to a step, not a second
-    forward's fixed cost (a twin charging that in every mixed step over-predicted ITL). A lone
-    request on an idle engine waits longer (its wake-up, measured and printed beside): not modelled."""
-    if not hot:
+def _fit_prefill(out: Fitted, before: Mapping[str, float], after: Mapping[str, float], ttfts: list[float]) -> None:
+    """The TTFT the engine never sees (HTTP, tokenizing, IPC, delivery): the clients' mean TTFT less
+    vLLM's own mean queue + prefill time over the same requests (`vllm:request_*_time_seconds`).
+    vLLM folds a new prompt into the running rows' one forward, so a prompt adds its tokens to a
+    step, not a second forward's fixed cost (a twin charging that in every mixed step over-predicted
+    ITL): `prefill_fixed_ms` is 0, and a lone request's own step is not priced (predicted early)."""
+    delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in after}
+    count = delta.get("vllm:request_prefill_time_seconds_count", 0.0)
+    if not ttfts or count != len(ttfts):
+        out.evidence.append(f"frontend_ms not measured: {len(ttfts)} TTFTs timed, vLLM counted {count:.0f}")
         return
-    share = max(float(np.median(hot)) - 1.5 * step, 0.0)
-    out.params["frontend_ms"] = round(share, 3)
+    engine = 1e3 * (delta.get("vllm:request_queue_time_seconds_sum", 0.0)
+                    + delta.get("vllm:request_prefill_time_seconds_sum", 0.0)) / count
+    client_ms = float(np.mean(ttfts))
+    out.params["frontend_ms"] = round(max(client_ms - engine, 0.0), 3)
     out.cost["prefill_fixed_ms"] = 0.0
-    out.evidence.append(f"frontend_ms {share:.2f}: TTFT {np.median(hot):.2f} ms (median of {len(hot)}) of requests "
-                        f"sent while two others decode, less 1.5 steps of {step:.2f} ms; a lone request's TTFT on "
-                        f"an idle engine: {np.median(lone) if lone else float('nan'):.2f} ms (median of {len(lone)})")
+    out.evidence.append(f"frontend_ms {out.params['frontend_ms']}: TTFT {client_ms:.2f} ms at the client, "
+                        f"{engine:.2f} ms queued + prefilling in vLLM (mean of {count:.0f} requests, half of them "
+                        "sent while others decode)")
 
 
-def hot_ttfts(server: Server, num_requests: int = 6) -> list[float]:
-    """TTFT of a request sent 60 ms after two others began decoding (the engine busy)."""
+def hot_ttfts(server: Server, num_requests: int = 4) -> list[float]:
+    """TTFTs of two requests decoding and a third sent 60 ms after them (the engine busy)."""
     out = []
     for i in range(num_requests):
         bodies = [server.body(text_prompt(16, f"hot:{i}:{j}:{time.monotonic_ns()}"), n, False)
-                  for j, n in enumerate((48, 48, 8))]
-        got = server.together(bodies, [0.0, 0.0, 60.0])[2]
-        times, _ = arrivals_ms(got)
-        if times:
-            out.append(times[0])
+                  for j, n in enumerate((32, 32, 8))]
+        for got in server.together(bodies, [0.0, 0.0, 60.0]):
+            times, _ = arrivals_ms(got)
+            out += times[:1]
     return out
 
 
