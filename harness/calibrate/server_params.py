@@ -178,7 +178,7 @@ def _fit_prefill(out: Fitted, before: Mapping[str, float], after: Mapping[str, f
     out.params["frontend_ms"] = round(max(client_ms - engine, 0.0), 3)
     out.cost["prefill_fixed_ms"] = 0.0
     out.evidence.append(f"frontend_ms {out.params['frontend_ms']}: TTFT {client_ms:.2f} ms at the client, "
-                        f"{engine:.2f} ms queued + prefilling in vLLM (mean of {count:.0f} requests, half of them "
+                        f"{engine:.2f} ms queued + prefilling in vLLM (mean of {count:.0f} requests, lone and "
                         "sent while others decode)")
 
 
