@@ -162,8 +162,9 @@ def fit_vllm(server: Server, calibration: TargetCalibration | None = None) -> Fi
 
 
 def _fit_prefill(out: Fitted, before: Mapping[str, float], after: Mapping[str, float], ttfts: list[float]) -> None:
-    """The TTFT the engine never sees (HTTP, tokenizing, IPC, delivery): the clients' mean TTFT less
-    vLLM's own mean queue + prefill time over the same requests (`vllm:request_*_time_seconds`).
+    """The TTFT the engine never sees (HTTP, tokenizing, IPC, delivery): the clients' median TTFT
+    (a stalled client's outliers pulled the mean up by half) less vLLM's own mean queue + prefill
+    time over the same requests (`vllm:request_*_time_seconds`).
     vLLM folds a new prompt into the running rows' one forward, so a prompt adds its tokens to a
     step, not a second forward's fixed cost (a twin charging that in every mixed step over-predicted
     ITL): `prefill_fixed_ms` is 0, and a lone request's own step is not priced (predicted early)."""
@@ -174,10 +175,10 @@ def _fit_prefill(out: Fitted, before: Mapping[str, float], after: Mapping[str, f
         return
     engine = 1e3 * (delta.get("vllm:request_queue_time_seconds_sum", 0.0)
                     + delta.get("vllm:request_prefill_time_seconds_sum", 0.0)) / count
-    client_ms = float(np.mean(ttfts))
+    client_ms = float(np.median(ttfts))
     out.params["frontend_ms"] = round(max(client_ms - engine, 0.0), 3)
     out.cost["prefill_fixed_ms"] = 0.0
-    out.evidence.append(f"frontend_ms {out.params['frontend_ms']}: TTFT {client_ms:.2f} ms at the client, "
+    out.evidence.append(f"frontend_ms {out.params['frontend_ms']}: TTFT {client_ms:.2f} ms at the client (median), "
                         f"{engine:.2f} ms queued + prefilling in vLLM (mean of {count:.0f} requests, lone and "
                         "sent while others decode)")
 
