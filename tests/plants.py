@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 
 import coopsched.core.append as append_module
+import coopsched.core.books as books_module
 import coopsched.core.scheduler as scheduler_module
 import coopsched.executor as executor_module
 from coopsched.core import upstream_rule
@@ -23,7 +24,7 @@ Scheduler = scheduler_module.Scheduler
 
 def _yield_flag(mp):
     """The yield flag never sets: speculative rounds take every tick under contention."""
-    mp.setattr(scheduler_module, "next_yield_flag", lambda last_was_spec, action: False)
+    mp.setattr(books_module, "next_yield_flag", lambda last_was_spec, action: False)
 
 
 def _slot_release(mp):
@@ -98,8 +99,8 @@ def _burst_drops_earlier_rounds(mp):
     fail = Scheduler._fail
 
     def forgetting(self, plan, result, releases):
-        self._events.clear()
-        self._num_early = 0
+        self.books.events.clear()
+        self.books.num_early = 0
         return fail(self, plan, result, releases)
     mp.setattr(Scheduler, "_fail", forgetting)
 

@@ -220,10 +220,30 @@ def collect_outputs(workdir: Path) -> dict[str, list]:
             raise RuntimeError(f"{' '.join(jobs[key])} wrote no {path.name} (exit {proc.returncode}):\n{log[-2000:]}")
         doc = json.loads(path.read_text())
         outputs[key] = doc if isinstance(doc, list) else [doc]
+    outputs["report"] = [calibration_report()]
     profiles = [json.loads(p.read_text()) for p in sorted((ROOT / "scenarios" / "profiles").glob("*.json"))]
     fields = {f.name: None for f in dataclasses.fields(CostModel)}
     outputs["profile"] = [fields, *profiles]
     return outputs
+
+
+def calibration_report() -> dict:
+    """A `calibrate --target --report` document from the functions the command builds it with, in
+    virtual time: the twin's own mock stands in for the live server (no server to start)."""
+    from harness.calibrate import cli as calibrate
+    from harness.calibrate import heldout, twin
+    from harness.run.runner import Profile
+    from mocks.cost import CostModel
+
+    profile, config = Profile(CostModel(accept_prob=0.7)), twin.twin_config("slice")
+    runs = twin.simulate(profile, config, range(2))
+    meta = calibrate.report_meta("http://127.0.0.1:8000", Path("profile.json"), [0.0], True, "coopsched",
+                                 "/health reports mode='slice' and block_size")
+    report = twin.build_report({"slice": runs}, {"slice": runs}, 2, meta)
+    on_twin = lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED)
+    report["heldout"] = heldout.check(lambda scen, _run: on_twin(scen), on_twin,
+                                      heldout.solo_life_ms(profile.cost), num_requests=8)
+    return report
 
 
 def key_paths(docs: list, documented: dict[str, str]) -> list[str]:
@@ -254,6 +274,7 @@ JSON_SECTIONS = (
     ("trace", "Trace JSON", "`coopsched run --json PATH` (a list: one object per scenario x mode run)"),
     ("sweep", "Sweep JSON", "`coopsched sweep --json PATH` (also `DIR/sweep.json` with `--out DIR`)"),
     ("profile", "Profile JSON", "`coopsched calibrate --out PROFILE.json`, read by `--cost PROFILE.json`"),
+    ("report", "Calibration report", "`coopsched calibrate ... --report PATH.json`"),
     ("locust", "Locust report", "`locust -f scenarios/concurrency2.py --report-json PATH`"),
 )
 

@@ -1,8 +1,8 @@
-"""The scheduler: state, a plan per tick, and the books.
+"""The scheduler: state, intake, a plan per tick, and commit's top level.
 
 `schedule()` asks the mode's policy for one action and plans it as a message; the executor
 runs it; `commit(plan, result, start_ms, end_ms, arrivals)` appends what the model produced,
-keeps the books and says what the executor must rewind and release. No model, no clock.
+has its `Books` keep the books and says what the executor must rewind and release. No model, no clock.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from functools import partial
 
 from .admission import Admission
 from .append import Vocab
+from .books import NO_DELTAS, Books
 from .config import SchedulerConfig
 from .dispatch import shape_key
 from .hol import HolBook
@@ -20,29 +21,14 @@ from .modes import make_policy
 from .observability import BatchObservability
 from .outputs import append_prefills, append_result, fail_rows
 from .plan import Committed, Decode, Plan, Result, Verify
-from .policy import Decision, next_yield_flag
-from .prefill import Budget, book_prefill, planned_tokens, slice0_spans, spans_for
+from .policy import Decision
+from .prefill import Budget, planned_tokens, slice0_spans, spans_for
 from .queue import PrefillQueue
 from .request import Request, RequestError, RequestState
 from .rotation import Backlog
 from .spec import SpecJob
-from .types import (
-    ActionKind,
-    BurstFinalized,
-    FinishReason,
-    RequestOutcome,
-    SpecStats,
-    TickDeltas,
-    TickKind,
-    TickRecord,
-    TickState,
-    TokenEvent,
-)
+from .types import ActionKind, FinishReason, SpecStats, TickKind, TickRecord, TickState, TokenEvent
 
-SPEC_PREFILLS = frozenset({TickKind.SLICE0, TickKind.WINDOW, TickKind.CHUNK})
-CLASSIC_PREFILLS = (TickKind.ADMIT, TickKind.CHUNK, TickKind.MIXED)  # without a job: classic rows were prefilled
-SERVES_BATCH = frozenset({ActionKind.DECODE, ActionKind.FUSED, ActionKind.MIXED})  # the decode rows got a token
-NO_DELTAS = TickDeltas()
 WAITER_CANCELLED = "Request cancelled while waiting for the speculative slice slot"
 
 
@@ -58,8 +44,6 @@ class Scheduler:
         self.backlog = Backlog(config.backlog_cap, config.skip_cap)
         self.kv = KVSlotPool(config.num_kv_slots, config.slot_tokens)
         self.obs = BatchObservability(keep_history)
-        self.last_was_spec = False
-        self.last_was_prefill = False            # a prefill ran since the decode rows were last served
         self.decode_ticks = 0                    # the grant counter (upstream's rule), set where it is decided
         self.requests: dict[str, Request] = {}   # every live request, by id
         self._jobs: dict[str, SpecJob] = {}      # speculative request id -> its job
@@ -68,9 +52,8 @@ class Scheduler:
         self.admission = Admission(config, self.queue, self.kv, self.backlog, self._hol, self.obs, self._jobs,
                                    self.running, self.prefilling, self.policy.keeps_slot,
                                    self.policy.follows_upstream)
-        self._events: list[TokenEvent] = []      # the tick's events made before its commit (reaped, stopped)
-        self._num_early = 0                      # ... of which this many still need the tick's end time
-        self._counts = [0, 0, 0]                 # the tick's rounds, drafts and accepted drafts
+        self.books = Books(config, self.policy, self.requests, self.queue, self.kv, self.backlog, self._hol,
+                           self.obs, self._jobs, self.running, self.prefilling, self._cancelled)
 
     # -- intake ---------------------------------------------------------------
     def validate(self, request: Request) -> None:
@@ -110,7 +93,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.requests) or bool(self._events)
+        return bool(self.requests) or bool(self.books.events)
 
     @property
     def has_spec_work(self) -> bool:
@@ -120,7 +103,7 @@ class Scheduler:
     def is_idle(self) -> bool:
         """Nothing to do until something arrives (cancelled requests still to reap are work)."""
         # decide_action's Idle: no speculative work, no batch, nothing admissible
-        return not (self._events or self._cancelled or self.running or self.prefilling or self.has_spec_work
+        return not (self.books.events or self._cancelled or self.running or self.prefilling or self.has_spec_work
                     or (len(self.queue) and self.kv.num_free))
 
     def spec_stats(self, seq_id: str) -> SpecStats | None:
@@ -136,7 +119,7 @@ class Scheduler:
         chunked = self.config.is_chunked
         upcoming = (self.job or self.backlog.next_grant()) if chunked else None  # the next speculative job
         return TickState(has_spec_work, num_running, max_batch_size, num_admissible, bool(self.prefilling),
-                         self.last_was_spec, num_queued, num_free_slots, chunked and self.last_was_prefill,
+                         self.books.last_was_spec, num_queued, num_free_slots, chunked and self.books.last_was_prefill,
                          upcoming is not None and not upcoming.is_begun, self.decode_ticks)
 
     # -- planning -------------------------------------------------------------
@@ -214,8 +197,7 @@ class Scheduler:
                 if not request.is_finished:
                     request.state, request.finish_reason = RequestState.FINISHED, FinishReason.ERROR
                     request.error = WAITER_CANCELLED
-                    self._events.append(TokenEvent(request.id, (), 0.0, FinishReason.ERROR))
-                    self._num_early += 1
+                    self.books.add_early(TokenEvent(request.id, (), 0.0, FinishReason.ERROR))
         return None
 
     def next_round(self, plan: Plan) -> Plan:
@@ -233,8 +215,7 @@ class Scheduler:
     def _stop(self, seq_ids: Iterable[str]) -> None:
         """Finish events of rows stopped before the tick's model work (cancelled, or failed)."""
         for seq_id in seq_ids:
-            self._events.append(TokenEvent(seq_id, (), 0.0, self.requests[seq_id].finish_reason))
-            self._num_early += 1
+            self.books.add_early(TokenEvent(seq_id, (), 0.0, self.requests[seq_id].finish_reason))
 
     # -- commit ---------------------------------------------------------------
     def commit(self, plan: Plan, result: Result, start_ms: float, end_ms: float,
@@ -255,9 +236,11 @@ class Scheduler:
         else:
             if not plan.job_ids and result.firsts:  # a mixed tick's chunk ran before its decode failed
                 assert self.vocab is not None, "the scheduler needs the model's vocab to commit (Engine gives it)"
-                append_prefills(plan, result, self.requests, self.vocab, end_ms, self._events, result.failed)
+                append_prefills(plan, result, self.requests, self.vocab, end_ms, self.books.events, result.failed)
             touched = self._fail(plan, result, releases)
-        return self._book(plan, result, start_ms, end_ms, touched, rewinds, releases)
+        committed, self.job = self.books.book(plan, result, start_ms, end_ms, touched, rewinds, releases, self.job,
+                                              bool(plan.job_ids) and self._keeps_slot(plan), self)
+        return committed
 
     def _keeps_slot(self, plan: Plan) -> bool:
         """A burst keeps the slot: its next round runs inside this tick (the policy chose BURST)."""
@@ -266,154 +249,16 @@ class Scheduler:
     def _append(self, plan: Plan, result: Result, end_ms: float, rewinds: list[tuple[str, int]]) -> None:
         assert self.vocab is not None, "the scheduler needs the model's vocab to commit (Engine gives it)"
         rows, drafted, accepted = append_result(plan, result, self.requests, self.job if plan.job_ids else None,
-                                                self.vocab, end_ms, self._events, rewinds)
+                                                self.vocab, end_ms, self.books.events, rewinds)
         if rows:
-            counts = self._counts
-            counts[0] += rows
-            counts[1] += drafted
-            counts[2] += accepted
+            self.books.count_rounds(rows, drafted, accepted)
 
     def _fail(self, plan: Plan, result: Result, releases: list[str]) -> tuple[str, ...]:
-        num_events = len(self._events)
-        touched = fail_rows(plan, result, self.requests, self.job if plan.job_ids else None, self._events, releases)
-        self._num_early += len(self._events) - num_events  # finish events, stamped with the tick's end
+        events = self.books.events
+        num_events = len(events)
+        touched = fail_rows(plan, result, self.requests, self.job if plan.job_ids else None, events, releases)
+        self.books.num_early += len(events) - num_events  # finish events, stamped with the tick's end
         return touched
-
-    # -- the books ------------------------------------------------------------
-    def _book(self, plan: Plan, result: Result, start_ms: float, end_ms: float, touched: tuple[str, ...],
-              rewinds: list[tuple[str, int]], releases: list[str]) -> Committed:
-        self._book_flags(plan)
-        error = result.error
-        kind, ids = (TickKind.ERROR, touched) if error else (plan.kind, plan.seq_ids)
-        record = TickRecord(start_ms, end_ms, plan.action, kind, ids,
-                            plan.prefill_tokens if kind is TickKind.CHUNK or kind is TickKind.MIXED else ())
-        spec_rows: Sequence[str] = ()
-        if plan.job_ids:
-            job_ids = plan.job_ids
-            spec_rows = ([i for i in touched if i in job_ids] if error else
-                         job_ids if plan.action is ActionKind.PREFILL else tuple(self._job_worked()))
-            self._book_job(error is None)
-        self.policy.observe(plan, spec_rows, record, self)
-        num_waiting = self._book_hol(plan, spec_rows, error is None, touched, end_ms - start_ms)
-        if not plan.job_ids and plan.kind in CLASSIC_PREFILLS:
-            book_prefill([self.requests[row.seq_id] for row in plan.prefills], self.running, self.prefilling)
-        events = self._take_events(end_ms, bool(plan.job_ids) and self._keeps_slot(plan), releases)
-        deltas = self._book_deltas(spec_rows, num_waiting)
-        if self.policy.follows_upstream and plan.state.has_chunked_prefill and plan.state.num_running:
-            deltas = self._book_chunk_counts(plan, deltas)
-        return Committed(record, events, deltas, plan, rewinds, releases)
-
-    def _job_worked(self) -> list[str]:
-        return self.job.last_worked if self.job is not None else []
-
-    def _take_events(self, end_ms: float, is_burst: bool, releases: list[str]) -> list[TokenEvent]:
-        """The tick's events, stamped with its end; finished requests are finalized first (in the
-        order they finished), a burst's tokens merge into one event per request."""
-        events, self._events = self._events, []
-        early, self._num_early = (len(events) if is_burst else self._num_early), 0
-        for event in events[:early] if early else ():
-            event.time_ms = end_ms
-        outcomes: dict[str, RequestOutcome] = {}
-        for event in events:
-            if event.finish_reason is not None and event.seq_id not in outcomes:
-                outcomes[event.seq_id] = self._finalize(self.requests[event.seq_id])
-                releases.append(event.seq_id)
-        if is_burst:
-            events = merge_events(events)
-        if outcomes:
-            for event in events:
-                if event.finish_reason is not None:
-                    event.outcome = outcomes[event.seq_id]
-        return events
-
-    def _book_deltas(self, spec_rows: Sequence[str], num_waiting: int) -> TickDeltas:
-        """The speculative counters and the HOL waits the tick ended, into the books and its deltas."""
-        rounds, drafted, accepted = self._counts
-        if not (spec_rows or rounds or self._hol.samples):
-            return NO_DELTAS  # a classic tick that ended no wait adds nothing
-        self._counts = [0, 0, 0]
-        obs = self.obs
-        obs.rounds += rounds
-        obs.drafted_tokens += drafted
-        obs.accepted_tokens += accepted
-        samples = self._hol.take_samples()
-        if samples:
-            obs.add_hol_waits(samples)
-        return TickDeltas(rounds, drafted, accepted, int(bool(spec_rows)), tuple(samples), num_waiting)
-
-    def _book_chunk_counts(self, plan: Plan, deltas: TickDeltas) -> TickDeltas:
-        """A chunk beside decode rows: a grant (a Prefill that took the tick), or a mixed step."""
-        if plan.action is ActionKind.PREFILL:
-            self.obs.prefill_grants += 1
-            return deltas._replace(prefill_grants=1)
-        if plan.action is ActionKind.MIXED:
-            self.obs.mixed_steps += 1
-            return deltas._replace(mixed_steps=1)
-        return deltas
-
-    def _book_flags(self, plan: Plan) -> None:
-        """The yield flag (upstream's rule: a Prefill clears it). The first chunk of a chunked slice 0
-        (beyond upstream, which prefills a slice 0 whole) is speculative work and sets it, so a classic
-        gap holds one chunk of it; fused and cost modes' own rule: with chunking a prefill is one piece
-        of a classic gap, not its end, so with decode rows waiting it keeps the flag. A burst is no
-        piece of a gap."""
-        action = plan.action
-        flag = next_yield_flag(self.last_was_spec, action)
-        is_prefill = action is ActionKind.PREFILL
-        if is_prefill and self.config.is_chunked:
-            is_spec_prefill = plan.kind in SPEC_PREFILLS and bool(plan.job_ids)
-            if self.policy.follows_upstream:
-                flag = flag or (is_spec_prefill and plan.kind is TickKind.CHUNK)
-            else:
-                flag = is_spec_prefill or (self.last_was_spec and plan.state.num_running > 0)
-        self.last_was_spec = flag
-        if action in SERVES_BATCH:
-            self.last_was_prefill = False
-        elif is_prefill and plan.prefills and plan.kind is not TickKind.BURST:
-            self.last_was_prefill = True
-
-    def _book_job(self, ok: bool) -> None:
-        """The served job leaves the slot when done, or parks when its grant expired (rotation)."""
-        job = self.job
-        if job is None:
-            return
-        if not job.live_rows:
-            self.job = None
-        elif (ok and self.config.grant_rounds > 0 and len(self.backlog) > 0
-              and not job.is_window and job.grant_slices >= self.config.grant_rounds):
-            for request in job.rows:
-                request.state = RequestState.PARKED
-            self.backlog.park(job)
-            self.obs.log_grant("park:" + ",".join(job.ids))
-            self.job = None
-
-    def _book_hol(self, plan: Plan, spec_rows: Sequence[str], ok: bool, touched: tuple[str, ...],
-                  wall: float) -> int:
-        """HOL waits of this tick; returns how many classic rows waited on its speculative work."""
-        hol = self._hol
-        if not spec_rows:  # a classic tick ends every wait; a park (bookkeeping: nobody served) none
-            if plan.action is not ActionKind.IDLE and plan.kind is not TickKind.PARK and hol.has_waits:
-                hol.end_queue_wait(len(self.queue))
-                hol.end_batch_wait(len(self.running))
-            return 0
-        batch_served = plan.action is ActionKind.FUSED and ok
-        num_batch = 0 if batch_served else len(self.running)
-        if num_batch and touched:  # a failed tick's rows (the batch's, if fused) did not wait
-            num_batch = sum(r.id not in touched for r in self.running)
-        num_waiting = len(self.queue) + num_batch
-        self.obs.slices += 1
-        self.obs.hol_waiters_max = max(self.obs.hol_waiters_max, num_waiting)
-        jobs = self._jobs
-        for seq_id in spec_rows:
-            stats = jobs[seq_id].stats[seq_id]
-            stats.slices += 1
-            stats.wall_ms = max(stats.wall_ms, wall)
-            stats.active_ms += wall
-            stats.hol_waiters = max(stats.hol_waiters, num_waiting)
-        hol.spec_tick(wall, batch_waits=not batch_served)
-        if batch_served:
-            hol.end_batch_wait(len(self.running))
-        return num_waiting
 
     def _reap_cancelled(self) -> None:
         """Cancelled requests leave the queue, the batch and the backlog before the next action."""
@@ -435,33 +280,3 @@ class Scheduler:
             request.state = RequestState.FINISHED
             request.finish_reason = FinishReason.ERROR if request.error else FinishReason.STOP
             self._stop((request.id,))  # its finish event frees its caches
-
-    def _finalize(self, request: Request) -> RequestOutcome:
-        if request in self.running:  # a batch row that failed
-            self.running.remove(request)
-            self._hol.leave_batch()
-        elif request in self.prefilling:  # its prefill failed
-            self.prefilling.remove(request)
-        self.kv.release(request.id)
-        del self.requests[request.id]
-        self._cancelled.pop(request.id, None)
-        job = self._jobs.pop(request.id, None)
-        burst = None
-        if job is not None and job.is_begun:
-            burst = BurstFinalized.of(request.id, job.stats[request.id], len(request.output_token_ids))
-            self.obs.add_burst(burst)
-        reason = request.finish_reason or FinishReason.STOP
-        return RequestOutcome(reason, request.served_speculatively, burst, request.error)
-
-
-def merge_events(events: list[TokenEvent]) -> list[TokenEvent]:
-    """One event per request per tick: a legacy burst streams as one lump."""
-    merged: dict[str, TokenEvent] = {}
-    for e in events:
-        prev = merged.get(e.seq_id)
-        if prev is None:
-            merged[e.seq_id] = e
-        else:
-            prev.token_ids += e.token_ids
-            prev.finish_reason = e.finish_reason or prev.finish_reason
-    return list(merged.values())

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 from coopsched.core import MODES
+from coopsched.twins import KINDS, UNKNOWN
+from harness.calibrate import heldout
 
 MLX_REPEATS, TARGET_REPEATS, REPORT_RUNS = 5, 3, 5
 
@@ -39,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --report: check this profile instead of calibrating one")
     parser.add_argument("--report-runs", type=int, default=REPORT_RUNS, metavar="N",
                         help=f"real runs of the workload per mode, pooled (default {REPORT_RUNS})")
+    parser.add_argument("--heldout-requests", type=int, default=heldout.NUM_REQUESTS, metavar="N",
+                        help=f"--target --report: requests of each held-out workload run (default "
+                             f"{heldout.NUM_REQUESTS})")
+    parser.add_argument("--server", choices=(*KINDS, UNKNOWN), metavar="KIND",
+                        help="--target: the server's kind, whose scheduler the twin runs (default: detected from "
+                             f"its /health, /props, /v1/models and /metrics): {', '.join((*KINDS, UNKNOWN))}")
     parser.add_argument("--twin-mode", choices=MODES,
                         help="--target --report: the mode to simulate (default: the server's /health mode, else slice)")
     parser.add_argument("--no-extensions", action="store_true",
@@ -55,11 +63,12 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
-    bad = [f"--{name.replace('_', '-')} {value}" for name, value, low in (
+    bad = [f"--{name.replace('_', '-')} {value} (want >= {low})" for name, value, low in (
         ("block_size", args.block_size, 2), ("repeats", args.repeats, 1), ("report_runs", args.report_runs, 1),
-        ("check_runs", args.check_runs, 1), ("max_batch", args.max_batch, 1)) if value is not None and value < low]
+        ("check_runs", args.check_runs, 1), ("max_batch", args.max_batch, 1),
+        ("heldout_requests", args.heldout_requests, 2)) if value is not None and value < low]
     if bad:
-        console.print(f"[red]error:[/] {', '.join(bad)}: --block-size must be >= 2, the others >= 1")
+        console.print(f"[red]error:[/] {', '.join(bad)}")
         return 2
     if (args.out is None) == (args.profile is None) or (args.profile and not args.report):
         console.print("[red]error:[/] give --out PROFILE.json (calibrate), or --profile PROFILE.json with "
@@ -67,6 +76,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.target and (args.model or args.draft_model):
         console.print("[red]error:[/] --target calibrates a server over HTTP; --model / --draft-model are for MLX")
+        return 2
+    if args.server and not args.target:
+        console.print(f"[red]error:[/] --server {args.server} names the kind of a --target server; the MLX "
+                      "calibration times coopsched's own engine")
         return 2
     if not args.target and (args.model is None) != (args.draft_model is None):
         console.print("[red]error:[/] give --model and --draft-model together (the draft cost is part "
@@ -194,6 +207,7 @@ def _draft_for(profile: dict, backend, k: int) -> dict:
 # -- a server over HTTP ----------------------------------------------------------------------------
 def _target(args: argparse.Namespace, console) -> int:
     from harness.calibrate import target, twin
+    from harness.run.runner import Profile
     from mocks import CostModel
 
     server = target.Server.connect(args.target, extensions=not args.no_extensions)
@@ -201,6 +215,7 @@ def _target(args: argparse.Namespace, console) -> int:
         raise RuntimeError(f"{server.url} answers neither /health nor /v1/models: is it an OpenAI-compatible server?")
     console.print(f"{server.url}: context {server.context_source}; mode "
                   f"{server.mode or 'not reported (no /health mode)'}", highlight=False, soft_wrap=True)
+    kind, evidence = _server_kind(args, server.url, console)
     calibration = target.TargetCalibration(server, args.block_size, args.max_batch)
     repeats = 0 if args.profile else args.repeats or TARGET_REPEATS
     runs = args.report_runs if args.report else 0
@@ -223,26 +238,92 @@ def _target(args: argparse.Namespace, console) -> int:
             progress.update(task, advance=1, description=f"workload run {i + 1}/{runs}")
     k = calibration.block_size
     if args.profile:
-        cost = CostModel.load(args.profile)
+        loaded = Profile.load(args.profile)
+        the_twin = Profile(loaded.cost, kind, loaded.server_params if kind == loaded.server else {})
     else:
         fitted = profile.pop("fit")
-        cost = CostModel(**profile)
-        document = {**profile, "calibrated": {"target": server.url, "model": server.model, "mode": server.mode,
-                                              "block_size": k, "repeats": repeats, "extensions": server.extensions,
-                                              "context": server.context_source, "load_average": loads,
-                                              "fit": fitted}}
+        the_twin = Profile(CostModel(**profile), kind, {})
+        document = {**profile, "server": kind, "server_params": dict(the_twin.server_params),
+                    "calibrated": {"target": server.url, "model": server.model, "mode": server.mode,
+                                   "block_size": k, "repeats": repeats, "extensions": server.extensions,
+                                   "context": server.context_source, "load_average": loads,
+                                   "server_evidence": evidence, "fit": fitted}}
         _write(args.out, document)
         _print_target_fit(args.out, profile, fitted, k)
     if args.report:
         config = target.twin_config_of(server, args.twin_mode, k)
-        predict = {config.mode: twin.simulate(cost, config, range(max(runs, 5)), workload)}
-        report = twin.build_report({config.mode: measured}, predict, runs, {
-            "target": server.url, "profile": str(args.profile or args.out), "load_average": loads,
-            "speculates": speculates})
-        _write(args.report, report)
+        predict = {config.mode: twin.simulate(the_twin, config, range(max(runs, 5)), workload)}
+        meta = report_meta(server.url, args.profile or args.out, loads, speculates, kind, evidence)
+        report = twin.build_report({config.mode: measured}, predict, runs, meta)
         served = "" if speculates else ", every request classic: the server never speculated"
         _print_report(report, f"the twin vs {server.url} (mode {config.mode}, {runs} runs{served})")
+        report["heldout"] = _heldout(args, server, the_twin, config, console)
+        report["load_average"] = [*loads, os.getloadavg()[0]]
+        _write(args.report, report)
+        _print_heldout(report["heldout"], server.url, kind)
     return 0
+
+
+def _server_kind(args: argparse.Namespace, url: str, console) -> tuple[str, str]:
+    """The kind whose scheduler the twin runs: --server, else the checked --profile's own, else
+    detected from what the server exposes."""
+    from harness.calibrate.detect import detect_kind
+
+    detected, evidence = detect_kind(url)
+    kept = _profile_kind(args.profile) if args.profile else None
+    if args.server or kept:
+        source = f"--server {args.server}" if args.server else f"the profile's server {kept}"
+        evidence = f"{source} (detected {detected}: {evidence})"
+    kind = args.server or kept or detected
+    console.print(f"server kind {kind}: {evidence}", highlight=False, soft_wrap=True)
+    if kind == UNKNOWN:
+        console.print("[yellow]note:[/] the server's kind is unknown: its twin runs coopsched's own scheduler at "
+                      "the calibrated costs (--server KIND names the kind)", highlight=False, soft_wrap=True)
+    return kind, evidence
+
+
+def _profile_kind(path: Path) -> str | None:
+    try:
+        kind = json.loads(path.read_text()).get("server")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--profile {path}: {exc}") from None
+    return kind if isinstance(kind, str) else None
+
+
+def report_meta(url: str, profile: Path, loads: list[float], speculates: bool, kind: str, evidence: str) -> dict:
+    """The report's keys beside its figures: what was checked, against what, on which machine."""
+    return {"target": url, "profile": str(profile), "load_average": loads, "speculates": speculates,
+            "server": kind, "server_evidence": evidence}
+
+
+def _heldout(args: argparse.Namespace, server, the_twin, config, console) -> dict:
+    """The held-out workloads live (fresh prompts every run: a prefix cache must not answer them)
+    and on the twin, behind a progress bar."""
+    import itertools
+
+    from harness.calibrate import target, twin
+
+    prompt_seeds = itertools.count(heldout.SEED * 1000)
+
+    def live(scen, _run):
+        rows = target.measure_workload(server, scen.specs(heldout.SEED), next(prompt_seeds))
+        return twin.timed_of(scen.specs(heldout.SEED), rows)
+
+    with _progress(console) as progress:
+        task = progress.add_task("held-out workloads", total=None)
+        return heldout.check(live, lambda scen: twin.simulate_timed(the_twin, config, scen, heldout.SEED),
+                             heldout.solo_life_ms(the_twin.cost), args.heldout_requests,
+                             progress=lambda label: progress.update(task, description=label))
+
+
+def _print_heldout(report: dict, url: str, kind: str) -> None:
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: the table's full width, not 80 columns
+        console = Console(width=max(console.width, 132))
+    heldout.print_check(console, report, f"held-out workloads: the {kind} twin vs {url} ({report['live_runs']} "
+                                           f"live runs, {report['requests']} requests each, half speculative)")
 
 
 def _profile_speculates(path: Path) -> bool:

@@ -21,6 +21,7 @@ class Exposed(NamedTuple):
     props: Mapping | None = None      # llama.cpp's /props
     metric_names: frozenset[str] = frozenset()
     server_header: str = ""
+    not_found: bytes | None = None    # the body of /metrics when it answered 404
 
 
 def kind_of(exposed: Exposed) -> tuple[str, str]:
@@ -32,6 +33,8 @@ def kind_of(exposed: Exposed) -> tuple[str, str]:
         return "coopsched", f"/health reports mode={exposed.health['mode']!r} and block_size"
     if any(name.startswith("coopsched_") for name in metrics):
         return "coopsched", "/metrics has coopsched_ series"
+    if "coopsched" in owners:  # behind a proxy that hides /health and /metrics
+        return "coopsched", "/v1/models owned_by 'coopsched'"
     if any(name.startswith("vllm:") for name in metrics) or "vllm" in owners:
         return "vllm", "/metrics has vllm: series" if metrics else "/v1/models owned_by 'vllm'"
     if exposed.props is not None and ("default_generation_settings" in exposed.props
@@ -39,9 +42,12 @@ def kind_of(exposed: Exposed) -> tuple[str, str]:
         return "llama.cpp", "/props answers with llama.cpp's generation settings and slots"
     if any(name.startswith("llamacpp:") for name in metrics) or "llamacpp" in owners:
         return "llama.cpp", "/metrics has llamacpp: series" if metrics else "/v1/models owned_by 'llamacpp'"
-    if exposed.server_header.startswith("BaseHTTP") and exposed.models:
-        return "mlx-lm", (f"the Server header is Python's http.server ({exposed.server_header!r}) and "
-                          "/v1/models lists models: mlx_lm.server")
+    # any stdlib server sends that header (the test fakes too): mlx_lm.server also lists models
+    # without owned_by and answers a path it lacks with a bare "Not Found"
+    if (exposed.server_header.startswith("BaseHTTP") and exposed.models and owners <= {""}
+            and (exposed.not_found or b"").strip() == b"Not Found"):
+        return "mlx-lm", (f"the Server header is Python's http.server ({exposed.server_header!r}), /v1/models "
+                          "lists models without owned_by and /metrics answers a bare 404 Not Found: mlx_lm.server")
     return UNKNOWN, ("no rule matched: no /health mode, no vllm:/llamacpp:/coopsched_ metrics, no /props, "
                      f"/v1/models owned_by {sorted(owners) or 'absent'}, Server header "
                      f"{exposed.server_header or 'absent'!r}")
@@ -51,11 +57,14 @@ def exposed_by(url: str) -> Exposed:
     """Everything `kind_of` looks at, fetched once."""
     models = (client.get_json(url, "/v1/models") or {}).get("data") or []
     try:
-        names = frozenset(name.split("{")[0] for name in client.scrape_metrics(url))
-    except (OSError, ValueError):
-        names = frozenset()
+        status, body = client.request(url, "GET", "/metrics", timeout_s=5.0)
+    except OSError:
+        status, body = None, b""
+    text = body.decode("utf-8", errors="replace") if status == 200 else ""
+    names = frozenset(line.split("{")[0].split()[0] for line in text.splitlines()
+                      if line.strip() and not line.startswith("#"))
     return Exposed(client.get_json(url, "/health") or {}, [m for m in models if isinstance(m, dict)],
-                   client.get_json(url, "/props"), names, server_header(url))
+                   client.get_json(url, "/props"), names, server_header(url), body if status == 404 else None)
 
 
 def server_header(url: str) -> str:

@@ -118,10 +118,13 @@ class LinearFit:
     ys: list[float]
 
     @classmethod
-    def of(cls, xs: Sequence[float], ys: Sequence[float]) -> LinearFit:
+    def of(cls, xs: Sequence[float], ys: Sequence[float], relative: bool = False) -> LinearFit:
+        """relative: least squares in relative error (each residual over its y), so a curve's short
+        points are not given up to its long ones (one 700 ms point outweighs every 20 ms one)."""
         x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
         if x.size >= 2 and np.ptp(x) > 0:
-            slope, fixed = np.polyfit(x, y, 1)
+            weights = 1.0 / np.maximum(y, 1e-3) if relative else None
+            slope, fixed = np.polyfit(x, y, 1, w=weights)
         else:
             slope, fixed = 0.0, float(y.mean())
         return cls(float(fixed), float(slope), [float(v) for v in x], [float(v) for v in y])

@@ -294,7 +294,7 @@ class TargetCalibration:
         levels, decode_ratios = decode_levels({b: s.decode[b] for b in batches})
         decode = fit.monotone([levels[b] for b in batches], [len(s.decode[b]) for b in batches])
         decode_points = [[b, round(v, 4)] for b, v in zip(batches, decode)]
-        prefill = fit.LinearFit.of(*zip(*s.ttft[False]))
+        prefill = fit.LinearFit.of(*zip(*s.ttft[False]), relative=True)
         quantiles = {
             "prefill": fit.jitter_quantiles([y / prefill(x) for x, y in s.ttft[False] if prefill(x) > 0]),
             "decode": fit.jitter_quantiles(decode_ratios),
@@ -315,9 +315,12 @@ class TargetCalibration:
     def _speculative(self, prefill: fit.LinearFit, decode_points: list, quantiles: dict, fitted: dict) -> dict:
         s, k = self.samples, self.block_size
         decode_at = dict(decode_points)
-        slice0 = fit.LinearFit.of(*zip(*s.ttft[True])) if s.ttft[True] else prefill
+        slice0 = fit.LinearFit.of(*zip(*s.ttft[True]), relative=True) if s.ttft[True] else prefill
         extra = [(x, y - prefill(x)) for x, y in s.ttft[True]]
-        draft_prefill = sum(x * d for x, d in extra) / sum(x * x for x, _ in extra) if extra else 0.0
+        # through the origin, in relative error as the prefill line (weights 1 / TTFT^2)
+        weights = [1.0 / max(y, 1e-3) ** 2 for _, y in s.ttft[True]]
+        draft_prefill = (sum(w * x * d for w, (x, d) in zip(weights, extra)) /
+                         sum(w * x * x for w, (x, _) in zip(weights, extra))) if extra else 0.0
         round_levels, round_ratios = fit.levels({k: s.round_gaps})
         round_ms = timed_round_ms = round_levels[k]
         mean_tokens = float(np.mean(s.round_tokens)) if s.round_tokens else 0.0

@@ -103,6 +103,22 @@ def simulate(profile: CostModel | runner.Profile, config: SchedulerConfig, seeds
     return runs
 
 
+def simulate_timed(profile: CostModel | runner.Profile, config: SchedulerConfig, scenario: Scenario,
+                   seed: int) -> list:
+    """One run of a workload scenario on the profile's twin in virtual time, as a sweep point reads it."""
+    from harness.sweep.points import Timed
+
+    run = runner.execute(runner.priced(scenario, profile), config, seed)
+    return [Timed(r.id, r.arrival_ms, run.token_times[r.id], r.served_speculatively) for r in run.requests]
+
+
+def timed_of(specs: Sequence[RequestSpec], rows: Served) -> list:
+    """A live run's rows (measure_workload's, in spec order) as a sweep point reads them."""
+    from harness.sweep.points import Timed
+
+    return [Timed(s.id, r["arrival_ms"], r["token_times_ms"], r["speculative"]) for s, r in zip(specs, rows)]
+
+
 def measure_in_process(make_backend: Callable[[], object], config: SchedulerConfig, seed: int,
                        scenario: Scenario = TWIN) -> Served:
     """One run of the workload on a real backend, in real time (the engine's clock)."""

@@ -22,7 +22,7 @@ from harness.run import metrics
 LUMP_MS = 0.5  # client timeline: arrivals closer than this are one lump (a backlog read at once)
 SERVER, CLIENT = "server tick ends", "client arrivals"
 SPEC_KIND = "spec"  # a speculative stream's gaps are not the question (a classic stall): never capped
-REPLY_SHARE = 0.4  # client timeline: a stream's pace excuses at most this share of its reply in one gap
+LUMP_SHARE = 0.4  # client timeline: a lump beyond a stream's pace, in a classic gap, may hold this share of its reply
 
 
 @dataclass(frozen=True)
@@ -67,20 +67,24 @@ class Rule:
         return dict(self.paces).get(kind, self.pace_ms) if kind is not None else self.pace_ms
 
     def allowance(self, timeline: str, rounds: int = 0, admissions: int = 0, limit_ms: float = 0.0,
-                  kind: str | None = None, num_tokens: int | None = None) -> int:
+                  kind: str | None = None, pace: float | None = None) -> int:
         """A; `rounds` and `admissions` add a wait's own extra (requests pending in it). On client
         arrivals another stream may also stream at its own pace (of its `kind`) for `limit_ms` (judge
         passes a gap's length, a TTFT's limit): the client cannot tell a frozen reader or a stalled
-        connection from a server ahead; but with `num_tokens` (gaps) never more than REPLY_SHARE of
-        them: a wait that may hold most of a reply cannot tell a burst from a pace."""
+        connection from a server ahead. What it can tell is a lump (lump_allowance). `pace` (ms a
+        token) wins over the kind's."""
         extra = 0
-        pace = self.pace_of(kind)
+        pace = pace or self.pace_of(kind)
         if timeline == CLIENT:
             extra = self.tokens_per_round  # a round read out of order
             if pace:
-                paced = math.ceil(limit_ms / pace)
-                extra += paced if num_tokens is None else min(paced, math.ceil(num_tokens * REPLY_SHARE))
+                extra += math.ceil(limit_ms / pace)
         return (self.rounds + rounds) * self.tokens_per_round + self.admissions + admissions + extra
+
+    def lump_allowance(self, rounds: int, admissions: int, num_tokens: int) -> int:
+        """Client arrivals, a classic gap: how many tokens of a stream's one lump may lie beyond its
+        pace: A without the pace, + LUMP_SHARE of its reply (a backlog a stalled reader let build up)."""
+        return self.allowance(CLIENT, rounds, admissions) + math.ceil(LUMP_SHARE * num_tokens)
 
     def describe(self, timeline: str) -> str:
         a = self.allowance(timeline)
@@ -91,9 +95,11 @@ class Rule:
             where = (f"on the client's arrivals (no tick stamps; a lump, arrivals under {LUMP_MS:g} ms apart, counts "
                      f"in the share of the time since its stream's previous arrival that lies in the wait, and one "
                      f"more round is allowed for reordering"
-                     + (f"; plus one token per pace interval (ms per token alone, sent to last token: {paces}) "
-                        f"of the wait in a gap, at most {REPLY_SHARE:.0%} of that stream's tokens, and of the "
-                        f"limit in a TTFT" if paced else "") + ")")
+                     + (f"; plus one token per pace interval (ms per token alone, sent to last token: {paces}, or "
+                        f"the stream's own pace in the run when faster) of the wait in a gap and of the limit in a "
+                        f"TTFT; and in a classic gap, a stream's one lump (a run of arrivals from inside the gap, "
+                        f"read on for half the gap past its end) may hold at most A + {LUMP_SHARE:.0%} of that "
+                        f"stream's reply beyond its pace" if paced else "") + ")")
         plus = f" + {self.tokens_per_round}" if timeline == CLIENT else ""
         return (f"a wait over its limit is a head-of-line block iff a stream (the waiting one included) received "
                 f"more than A = {self.rounds} x R {self.tokens_per_round} + {self.admissions}{plus} = {a}"
@@ -115,14 +121,15 @@ class Wait:
     caught_up: int = 0           # tokens this stream received in the lump that ended it (1: its next token)
     by: str | None = None        # that stream's id
     allowance: int = 0
+    measure: str = "count"       # what evidence counts: "count" (tokens made in it) or "lump" (beyond pace)
     charged_ms: float = 0.0      # ms, or the limit when it is over the limit but noise
     verdict: str = "ok"          # ok | noise | hol
 
     def to_json(self) -> dict:
         return {"stream": self.stream.id, "kind": self.stream.kind, "token": self.index, "ms": round(self.ms, 3),
                 "limit_ms": round(self.limit_ms, 3), "evidence_tokens": self.evidence, "by": self.by,
-                "caught_up_tokens": self.caught_up,
-                "allowance_tokens": self.allowance, "verdict": self.verdict}
+                "caught_up_tokens": self.caught_up, "allowance_tokens": self.allowance, "measure": self.measure,
+                "verdict": self.verdict}
 
 
 def pace_ms(streams: Sequence[Stream]) -> float | None:
@@ -133,6 +140,14 @@ def pace_ms(streams: Sequence[Stream]) -> float | None:
     paces = [(s.arrivals_ns[-1] - s.sent_ns) / 1e6 / len(s.arrivals_ns) for s in streams
              if len(s.arrivals_ns) > 1 and s.arrivals_ns[-1] > s.sent_ns]
     return min(paces, default=None)
+
+
+def own_pace_ms(stream: Stream, alone_ms: float | None) -> float | None:
+    """A stream's pace on client arrivals: the faster of its kind's pace alone and its own in this run
+    (sent to last token): a solo figure measured on a busier moment would call its normal pace a lump.
+    None without a pace alone (bounds from costs need none)."""
+    own = pace_ms([stream])
+    return None if alone_ms is None else min(alone_ms, own or alone_ms)
 
 
 def paces_by_kind(streams: Sequence[Stream]) -> tuple[tuple[str, float], ...]:
@@ -168,14 +183,31 @@ class _Tokens:
         """Tokens from `index` to the end of its lump."""
         return int(np.searchsorted(self.lump, self.lump[index], "right")) - index
 
-    def read_with(self, start: int, end: int) -> int:
-        """Tokens read just before a wait (start, end] ended, within its last tenth (at least LUMP_MS):
-        a frozen reader reads every stream's backlog at once, so only these can be offset by the waiting
-        stream's catch-up; a lump read well before the end was not held back with it. Server stamps: all."""
+    def read_with(self, start: int, end: int, after: bool = False) -> int:
+        """Tokens read just before a wait (start, end] ended, within its last tenth (at least LUMP_MS),
+        and with `after` as long after it: a frozen reader reads every stream's backlog at once, so only
+        these can be offset by the waiting stream's catch-up; a lump read well before the end was not
+        held back with it. Server stamps: all."""
         if self.exact:
             return len(self.t)
         window = max(int(LUMP_MS * 1e6), (end - start) // 10)
-        return int(np.searchsorted(self.t, end, "right") - np.searchsorted(self.t, end - window, "left"))
+        upto = end + window if after else end
+        return int(np.searchsorted(self.t, upto, "right") - np.searchsorted(self.t, end - window, "left"))
+
+    def ahead(self, start: int, end: int, pace: float) -> int:
+        """The most tokens one run of arrivals got ahead of `pace` (ms a token): max over i <= j of
+        (j - i) - (t_j - t_i) / pace, token i arriving in the wait (start, end] or read just after it
+        (the read_with window), j up to half the wait past its end (a lump released in the wait may
+        be read out across its end). A round read at once is R - 1 ahead; tokens at their pace,
+        about 0; a burst's reply, nearly all of it."""
+        window = max(int(LUMP_MS * 1e6), (end - start) // 10)
+        first, last = np.searchsorted(self.t, [start, end + window], "right")
+        stop = int(np.searchsorted(self.t, end + max(window, (end - start) // 2), "right"))
+        if first >= last:
+            return 0
+        u = np.arange(first, stop) - (self.t[first:stop] - self.t[first]) / (pace * 1e6)
+        best_after = np.maximum.accumulate(u[::-1])[::-1]
+        return int(np.floor((best_after - u)[: last - first].max() + 1e-9))
 
     def made_during(self, start: int, end: int) -> float:
         """Tokens made in (start, end]: counted on the server's stamps; on client arrivals each lump's
@@ -212,27 +244,21 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
         client_start = s.sent_ns if w.index == 0 else s.arrivals_ns[w.index - 1]
         w.ms = (s.arrivals_ns[w.index] - client_start) / 1e6
         # the lump that ended the wait was made while it waited: the server was serving this stream too
+        # (on client arrivals: its tokens from there on that arrived ahead of its own pace, a backlog
+        # read out in bunches under load)
         w.caught_up = own.caught_up(w.index)
-        w.evidence, w.by = 0, None
+        pace = None if exact else own_pace_ms(s, rule.pace_of(s.kind))
+        if pace and w.index:
+            w.caught_up = max(w.caught_up, 1 + own.ahead(start, end, pace))
+        w.evidence, w.by, w.measure = 0, None, "count"
         w.allowance = rule.allowance(line, w.rounds, w.admissions, w.limit_ms)
         most_over = 0
         for i in np.flatnonzero((sent < end) & (last > start)):
-            other = streams[i]
-            if other is s:  # a reply held back and sent in one lump ran ahead of its own reader
-                n = int(np.searchsorted(own.t, end, "right") - np.searchsorted(own.t, start, "right"))
-            else:
-                n = round(tokens[i].made_during(start, end)) - min(w.caught_up - 1, tokens[i].read_with(start, end))
-            # in a gap, another stream may stream at its pace for the whole wait (one connection's
-            # delivery can stall alone), in a classic gap at most REPLY_SHARE of its reply (a burst);
-            # in a TTFT for the limit, uncapped
-            capped = w.index and s.kind != SPEC_KIND
-            cap, paced_ms = (len(other.arrivals_ns) if capped else None, max(w.ms, w.limit_ms)) if w.index \
-                else (None, w.limit_ms)
-            allowed = rule.allowance(line, w.rounds, w.admissions, paced_ms, other.kind, cap)
-            # the stream most over its own allowance decides; while none is over, the one with most tokens
-            if n - allowed > most_over or (most_over == 0 and n > w.evidence):
-                most_over = max(most_over, n - allowed)
-                w.evidence, w.by, w.allowance = n, other.id, allowed
+            for measure, n, allowed in _evidence(w, streams[i], tokens[i], own, start, end, line, rule):
+                # the stream most over its own allowance decides; while none is over, the one with most tokens
+                if n - allowed > most_over or (most_over == 0 and n > w.evidence):
+                    most_over = max(most_over, n - allowed)
+                    w.evidence, w.by, w.allowance, w.measure = n, streams[i].id, allowed, measure
         if w.ms <= w.limit_ms:
             w.verdict, w.charged_ms = "ok", w.ms
         elif most_over > 0:
@@ -240,6 +266,33 @@ def judge(waits: list[Wait], streams: Sequence[Stream], rule: Rule) -> str:
         else:
             w.verdict, w.charged_ms = "noise", w.limit_ms
     return line
+
+
+def _evidence(w: Wait, other: Stream, theirs: _Tokens, own: _Tokens, start: int, end: int, line: str,
+              rule: Rule) -> list[tuple[str, int, int]]:
+    """What one stream shows against a wait, as (measure, tokens, allowed): the tokens made in it; on
+    client arrivals, in a classic gap, also its one lump beyond its pace (a burst's reply)."""
+    if other is w.stream:  # a reply held back and sent in one lump ran ahead of its own reader
+        n = int(np.searchsorted(own.t, end, "right") - np.searchsorted(own.t, start, "right"))
+        return [("count", n, rule.allowance(line, w.rounds, w.admissions, w.limit_ms, other.kind))]
+    offset = min(w.caught_up - 1, theirs.read_with(start, end, after=line == CLIENT))
+    pace = own_pace_ms(other, rule.pace_of(other.kind))
+    # another stream may stream at its pace for a whole gap (one connection's delivery can stall
+    # alone), in a TTFT for the limit (it holds the server's admission path too)
+    paced_ms = max(w.ms, w.limit_ms) if w.index else w.limit_ms
+    out = [("count", round(theirs.made_during(start, end)) - offset,
+            rule.allowance(line, w.rounds, w.admissions, paced_ms, other.kind, pace))]
+    # a catch-up that ends the waiting stream's reply: it was served in full during the wait, and
+    # what another stream got after its last token was made is no block of it (a frozen reader, load 10:
+    # the classic stream's last 4 tokens and a 64-token reply read at once after 198 ms)
+    finished = w.caught_up > 1 and w.index + w.caught_up >= len(w.stream.arrivals_ns)
+    if line == CLIENT and w.index and w.stream.kind != SPEC_KIND and pace and not finished:
+        # ... but not in one lump: a burst's reply arrives at once, made while the classic stream got
+        # nothing (a frozen reader's backlog is a lump too, read with the waiting stream's catch-up:
+        # offset as above; what is left of a backlog is what LUMP_SHARE allows)
+        out.append(("lump", theirs.ahead(start, end, pace) - offset,
+                    rule.lump_allowance(w.rounds, w.admissions, len(other.arrivals_ns))))
+    return out
 
 
 @dataclass

@@ -26,7 +26,7 @@ from harness.run import runner, scenario
 from harness.run import slo as slo_module
 from harness.run.scenario import Scenario
 from harness.run.slo import Slo
-from harness.sweep import dispatch, points
+from harness.sweep import dispatch, points, verify
 from harness.sweep.points import SweepError
 
 DEFAULT_SLO = slo_module.parse_slo(slo_module.DEFAULT_SLO)
@@ -71,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="URL", help="run each point in real time against this server")
     parser.add_argument("--cost", type=Path, metavar="PROFILE.json",
                         help="price the mock with this cost profile (coopsched calibrate): a server's digital twin")
+    parser.add_argument("--verify-points", metavar="N",
+                        help=f"with --cost and --target: run N of the twin's points live (loads evenly spread, "
+                             f"seed 0, the server's mode) and record the twin's error there (default "
+                             f"{verify.DEFAULT_POINTS})")
     parser.add_argument("--prefill-grant-interval", type=int, metavar="N",
                         help="slice, burst: decode ticks a chunked prompt yields before one chunk is granted, "
                              "0 never (wins over MLXCEL_PREFILL_GRANT_INTERVAL and the scenario's; default 16)")
@@ -89,6 +93,7 @@ class Settings:
     cluster: str | None = None
     target: str | None = None
     cost: str | None = None                # the cost profile's path (the scenario is already priced by it)
+    verify_points: int = 0                 # with cost and target: twin points run live
 
 
 def parse_loads(option: str, text: str) -> tuple[int | float, ...]:
@@ -150,10 +155,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         print(f"warning: {warning}", file=sys.stderr)
     for note in scen.workload.notes if scen.workload else ():  # rows a replayed trace left out
         print(f"note: {note}", file=sys.stderr)
+    verify_points = 0
+    if args.verify_points is not None and not (args.cost and args.target):
+        raise SweepError(f"--verify-points {args.verify_points} runs some of a twin's points live: give it with "
+                         "both --cost PROFILE.json (the twin) and --target URL (the server)")
     if args.cost is not None:
-        if args.target:
-            raise SweepError(f"--cost {args.cost} prices the virtual-time mock, and a --target sweep measures the "
-                             "server itself: drop one")
+        if args.target:  # the twin is swept; a few of its points are run on the server too
+            verify_points = parse_count("--verify-points", args.verify_points or str(verify.DEFAULT_POINTS))
         profile = runner.Profile.load(args.cost)
         scen = runner.priced(scen, profile)
         if profile.note:
@@ -165,7 +173,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         scen = replace(scen, scheduler={**scen.scheduler, "prefill_grant_interval": args.prefill_grant_interval})
     return Settings(scen, kind, loads, modes, parse_count("--seeds", args.seeds), slo_module.parse_slo(args.slo),
                     slo_module.parse_attainment(args.attainment), jobs, args.cluster, args.target,
-                    None if args.cost is None else str(args.cost))
+                    None if args.cost is None else str(args.cost), verify_points)
 
 
 class Sweep:
@@ -174,7 +182,13 @@ class Sweep:
     def __init__(self, settings: Settings) -> None:
         self.settings = s = settings
         self.server = None
-        if s.target:
+        self.verifier: verify.Verifier | None = None
+        if s.target and s.cost:
+            self.verifier = verify.Verifier(s.target, s.verify_points)
+            modes = s.modes or MODES
+            self.tasks = points.plan(s.scenario, s.load_kind, s.loads, modes, s.seeds, s.slo)
+            self.verifier.check_modes(modes, runner.scenario_config(s.scenario, None).mode)
+        elif s.target:
             from harness.sweep.live import Server
 
             self.server = Server(s.target)
@@ -198,7 +212,10 @@ class Sweep:
             done = dispatch.run_cluster(self.tasks, s.cluster, on_done)
         else:
             done = dispatch.run_local(self.tasks, s.jobs, on_done)
-        return result(s, done, self.server.url if self.server else None)
+        out = result(s, done, self.server.url if self.server else None)
+        if self.verifier is not None:
+            out.update(self.verifier.run(self.tasks, done))
+        return out
 
 
 def result(s: Settings, done: list[dict], target: str | None = None) -> dict:
@@ -296,6 +313,8 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
         return 2
     print_table(console, done)
+    if "verified" in done:
+        verify.print_verified(console, done)
     text = dumps(done)
     if args.json:
         _write(args.json, text)

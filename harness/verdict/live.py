@@ -30,8 +30,9 @@ def stall_check(name: str, waits: list[stalls.Wait], streams: Sequence[stalls.St
     worst = max(waits, key=lambda w: w.ms - w.limit_ms)
     shown = max([w for w in waits if w.verdict == "hol"] or [worst], key=lambda w: w.ms - w.limit_ms)
     return Check(name, summary.num_hol == 0, shown.ms, shown.limit_ms,
-                 note=f"worst: {shown.stream.id} (token {shown.index}, {shown.evidence} tokens of {shown.by} in it, "
-                      f"allowed {shown.allowance}); {summary.num_over} of {summary.num_waits} over the limit: "
+                 note=f"worst: {shown.stream.id} (token {shown.index}, {shown.evidence} tokens of {shown.by} "
+                      f"{'in one lump ahead of its pace' if shown.measure == 'lump' else 'in it'}, allowed "
+                      f"{shown.allowance}); {summary.num_over} of {summary.num_waits} over the limit: "
                       f"{summary.num_hol} head-of-line, {summary.num_noise} noise; {limit}; {summary.rule}",
                  extra={"stalls": summary.to_json()})
 
@@ -65,7 +66,7 @@ def locust_verdict(data: dict, costs: dict | None, *, bound_ms: float | None = N
         return with_checks(report, [Check.skip("classic_itl", why), failures_check(report["failures"])])
     streams = [stalls.Stream.from_json(d) for d in data["streams"]]
     if costs is None and (bound_ms is None or slice0_ms is None):
-        return solo_verdict(report, ms, solo_figures or {}, streams)
+        return solo_verdict(report, ms, solo_figures or {}, streams, block_size)
     if costs:
         prompt = max(data["spec"]["prompt_tokens"], default=len(PROMPTS["spec"].encode()))
         bound_ms = bound_ms if bound_ms is not None else costs["decode_ms"] + costs["round_ms"]
@@ -135,22 +136,23 @@ def bound_verdict(report: dict, streams: list, bound: float, slice0: float, cali
     return with_checks(report, [p99_check(charged_p99, p99_limit), gaps, failures_check(report["failures"])])
 
 
-def solo_verdict(report: dict, ms: dict, figures: dict, streams: list) -> dict:
+def solo_verdict(report: dict, ms: dict, figures: dict, streams: list, block_size: int | None = None) -> dict:
     """No costs: every request's TTFT and every gap of a kind within the solo rule of its kind, a wait
-    over it charged to the server only if a stream ran ahead in it."""
+    over it charged to the server only if a stream ran ahead in it (R: the server's block size when
+    /health gives it, else the most tokens one event carried alone)."""
     report.update(calibration="solo", solo={k: f.to_json() for k, f in figures.items()})
     broken = [k for k in KINDS if k not in figures or figures[k].ttft_ms is None]
     if broken:
         runs = solo_runs_check(broken)
         report["rule"] = runs.note
         return with_checks(report, [runs])
-    # each limit is capped at half the other kind's solo run: a longer one could hide a burst
+    # each gap limit is capped at half the other kind's solo run: a longer one could hide a burst
     ceiling = {k: solo.ceiling_ms(figures[o].life_ms for o in KINDS if o != k) for k in KINDS}
-    limits = {k: {"ttft_limit_ms": solo.solo_limit(figures[k].ttft_ms, ceiling[k]),
+    limits = {k: {"ttft_limit_ms": solo.solo_limit(figures[k].ttft_ms),
                   "gap_limit_ms": solo.solo_limit(figures[k].stall_ms, ceiling[k])} for k in KINDS}
     worst = {k: {"ttft_max_ms": float(ms[k]["ttft"].max()) if ms[k]["ttft"].size else None,
                  "gap_max_ms": float(ms[k]["gaps"].max())} for k in KINDS}
-    rule = stalls.Rule(tokens_per_round=max(figures[k].max_tokens_per_event for k in KINDS),
+    rule = stalls.Rule(tokens_per_round=block_size or max(figures[k].max_tokens_per_event for k in KINDS),
                        pace_ms=min((figures[k].pace_ms for k in KINDS if figures[k].pace_ms), default=None),
                        paces=tuple((k, figures[k].pace_ms) for k in KINDS if figures[k].pace_ms))
     waits = [w for st in streams

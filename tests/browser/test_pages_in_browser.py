@@ -13,20 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from factories import mixed_workload
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-WORKLOAD = """[workload]
-num_requests = 12
-arrival = "poisson"
-rate_per_s = 4
-prompt_len = { min = 8, max = 32 }
-max_tokens = { mean = 16, sigma = 0.5 }
-speculative_share = 0.5
-"""
 IMAGES = """() => Array.from(document.images).map(i => ({src: i.getAttribute('src'),
                                                    ok: i.complete && i.naturalWidth > 0}))"""
 
@@ -68,7 +61,7 @@ def coopsched(*args: str, cwd: Path) -> None:
 @pytest.fixture(scope="module")
 def sweep_page(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("sweep")
-    (work / "tiny.toml").write_text(WORKLOAD)
+    (work / "tiny.toml").write_text(mixed_workload(12))
     coopsched("sweep", "tiny.toml", "--rates", "2,4", "--seeds", "1", "--out", "page", cwd=work)
     return work / "page"
 

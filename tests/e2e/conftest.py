@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from e2e_servers import serve
 
+pytest.register_assert_rewrite("interop_runs")  # its shared checks report as a test's own asserts
+
 
 @pytest.fixture(scope="module")
 def server():

@@ -2,13 +2,17 @@
 
 Servers are spawned by `harness.live.client.spawn_server` (free loopback port, /health,
 SIGTERM on exit); `serve` only gives them an environment without the caller's MLXCEL_*
-gates, so a developer's shell cannot change what a test sees.
+gates, so a developer's shell cannot change what a test sees. `complete_together` sends
+greedy completions at once, as the counter tests do.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+
+import httpx
 
 from harness.live.client import spawn_server, wait_healthy  # noqa: F401 - re-exported for the tests
 
@@ -35,3 +39,24 @@ def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.05):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(interval_s)
+
+
+def complete(url: str, prompt: str, max_tokens: int, speculative: bool, **extra) -> dict:
+    """One greedy `/v1/completions` request (`extra`: more body fields); its JSON response."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "speculative": speculative, **extra}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+
+
+
+def complete_together(url: str, jobs, **extra) -> list[dict]:
+    """Each (prompt, max_tokens, speculative) job sent at once, a thread each; the responses in job order."""
+    responses: list = [None] * len(jobs)
+
+    def send(i: int) -> None:
+        responses[i] = complete(url, *jobs[i], **extra)
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return responses

@@ -37,7 +37,7 @@ def calibrate(url: str, tmp_path: Path, *args: str) -> tuple[dict, dict | None, 
 def test_a_mock_server_is_recovered_and_predicted(tmp_path):
     with serve("--decode-ms", str(DECODE_MS), "--round-ms", str(ROUND_MS), "--accept-prob", str(ACCEPT)) as served:
         profile, report, output = calibrate(served.url, tmp_path, "--report", str(tmp_path / "report.json"),
-                                            "--report-runs", "3")
+                                            "--report-runs", "3", "--heldout-requests", "8")
     for batch, ms in profile["decode_ms"]:
         # with many streams the server really is slower than its 7 ms sleep: each tick also hands
         # B events to the event loop, on 2 shared cores (measured +6% at B = 1-2, up to +18% at B = 8)
@@ -51,6 +51,26 @@ def test_a_mock_server_is_recovered_and_predicted(tmp_path):
         assert abs(rows[metric]["error"]) <= 0.25, (metric, rows[metric], output)
     assert abs(rows["aggregate_tok_s"]["error"]) <= 0.20, (rows["aggregate_tok_s"], output)
     assert "the twin vs" in output and "residual" in output
+    assert profile["server"] == report["server"] == "coopsched" and profile["server_params"] == {}
+    held = report["heldout"]
+    assert list(held["workloads"]) == ["light", "knee"] and held["knee_rate_per_s"] > held["workloads"]["light"][
+        "rate_per_s"]
+    for workload in held["workloads"].values():
+        assert set(workload["rows"]) == {"aggregate_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_mean_ms",
+                                         "classic_itl_p99_ms"}
+        assert all(len(r["runs"]) == 3 and r["pass"] is not None for r in workload["rows"].values())
+    # arrival-bound at the light rate: the one figure a real-time run of 8 requests pins down
+    assert held["workloads"]["light"]["rows"]["aggregate_tok_s"]["pass"] is True, output
+    assert "held-out workloads" in output and "PASS" in output
+
+
+def test_the_kind_is_detected_and_an_override_says_what_it_replaced(tmp_path):
+    with serve("--decode-ms", "1", "--round-ms", "4") as served:
+        profile, _, output = calibrate(served.url, tmp_path, "--repeats", "1", "--max-batch", "1",
+                                       "--server", "unknown")
+    assert profile["server"] == "unknown"
+    assert profile["calibrated"]["server_evidence"].startswith("--server unknown (detected coopsched: /health")
+    assert "twin runs coopsched's own scheduler" in " ".join(output.split())
 
 
 @pytest.mark.parametrize("stream_kind", ["token-ids", "text-and-usage"])
@@ -77,7 +97,8 @@ def test_a_server_that_never_speculates_gets_its_classic_terms_and_the_rest_name
     fake = Path(__file__).parents[1] / "e2e" / "multitoken_server.py"
     with serve(command=[sys.executable, str(fake), "--tokens-per-event", "1"]) as served:
         profile, report, output = calibrate(served.url, tmp_path, "--repeats", "2", "--max-batch", "2",
-                                            "--report", str(tmp_path / "report.json"), "--report-runs", "2")
+                                            "--report", str(tmp_path / "report.json"), "--report-runs", "2",
+                                            "--heldout-requests", "6")
     fit = profile["calibrated"]["fit"]
     assert fit["speculates"] is False and fit["unfitted"]["accept_prob"].startswith("no speculative rounds"), output
     assert profile["round_ms"] is None and profile["accept_prob"] is None and profile["verify_ms"] == [
@@ -87,3 +108,5 @@ def test_a_server_that_never_speculates_gets_its_classic_terms_and_the_rest_name
     assert "reported no context size" in profile["calibrated"]["context"]
     assert "not fitted: round_ms" in " ".join(output.split()) and "reported no context size" in output
     assert report["speculates"] is False and report["modes"]["slice"]["spec_tok_s"]["measured"] is None
+    assert profile["server"] == "unknown" and "no rule matched" in profile["calibrated"]["server_evidence"]
+    assert "heldout" in report and "twin runs coopsched's own scheduler" in " ".join(output.split())

@@ -14,9 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +21,7 @@ from pathlib import Path
 import pytest
 from e2e_servers import clean_env
 from factories import LADDER
+from interop_runs import SERVER_CPU, Results, assert_every_token_counted, coopsched, locust_run, on_cpus, target_run
 
 from coopsched import cli
 from harness.live import client
@@ -31,35 +29,13 @@ from harness.live.client import free_port, spawn_server
 
 pytestmark = pytest.mark.llamacpp
 
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "scenarios" / "concurrency2.py"
 RUNS = 3
 STARTUP_S = 120  # ~40 ms on a quiet machine
 SERVER_ARGS = ("--host", "127.0.0.1", "--parallel", "4", "-c", "4096", "-t", "1", "--metrics")
 # `-md` alone loads a draft model but drafts nothing: the speculation type turns it on
 CONFIGS = {"no-draft": (), "draft": ("-md", "{draft}", "--spec-type", "draft-simple", "--spec-draft-n-max", "3")}
-CPUS = sorted(os.sched_getaffinity(0))
-PINNED = len(CPUS) > 1 and shutil.which("taskset") is not None
-SERVER_CPU, CLIENT_CPUS = CPUS[-1], ",".join(map(str, CPUS[:-1]))
-RESULTS = Path(os.environ.get("COOPSCHED_LLAMACPP_RESULTS", "reports/llamacpp/latest.json"))
+RESULTS = Results(Path(os.environ.get("COOPSCHED_LLAMACPP_RESULTS", "reports/llamacpp/latest.json")))
 NUM_PROMPTS, PARITY_TOKENS = 6, 32
-
-
-def on_cpus(cpus: int | str, command: list[str]) -> list[str]:
-    return ["taskset", "-c", str(cpus), *command] if PINNED else command
-
-
-def coopsched(*args: str, cwd: Path, timeout_s: float = 900) -> subprocess.CompletedProcess:
-    """A coopsched command on the client cores."""
-    return subprocess.run(on_cpus(CLIENT_CPUS, [sys.executable, "-m", "coopsched.cli", *args]), capture_output=True,
-                          text=True, timeout=timeout_s, env=clean_env(), cwd=cwd)
-
-
-def record(config: str, tool: str, value) -> None:
-    """Keep what each tool measured, per config (the docs' figures come from this file)."""
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data.setdefault(config, {})[tool] = value
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def server_binary() -> Path:
@@ -102,7 +78,7 @@ def llama(request, models):
     extra = tuple(a.replace("{draft}", str(draft)) for a in CONFIGS[request.param])
     began = time.monotonic()
     with start(target, extra) as served:
-        record(request.param, "startup_s", round(time.monotonic() - began, 3))
+        RESULTS.record(request.param, "startup_s", round(time.monotonic() - began, 3))
         yield request.param, served.url
 
 
@@ -155,9 +131,9 @@ def test_greedy_over_llama_server_equals_the_mlx_backend_alone_and_together(llam
     config, url = llama
     alone = [greedy(url, p) for p in prompts]
     together = greedy_together(url, prompts)
-    record(config, "greedy_parity", {"alone_equals_mlx": sum(a == m for a, m in zip(alone, mlx_greedy)),
-                                     "together_equals_alone": sum(t == a for t, a in zip(together, alone)),
-                                     "prompts": len(prompts)})
+    RESULTS.record(config, "greedy_parity", {"alone_equals_mlx": sum(a == m for a, m in zip(alone, mlx_greedy)),
+                                             "together_equals_alone": sum(t == a for t, a in zip(together, alone)),
+                                             "prompts": len(prompts)})
     assert alone == mlx_greedy
     assert together == alone
 
@@ -188,62 +164,31 @@ def test_without_the_q_k_permutation_greedy_output_differs(models, prompts, mlx_
 
 
 # -- the live tools --------------------------------------------------------------------------
-def target_run(url: str, tmp_path: Path) -> dict:
-    trace_path = tmp_path / "trace.json"
-    trace_path.unlink(missing_ok=True)
-    proc = coopsched("run", "concurrency2", "--target", url, "--json", str(trace_path), cwd=tmp_path)
-    assert trace_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    trace = json.loads(trace_path.read_text())[0]
-    checks = {c["name"]: c for c in trace["checks"]}
-    return {"exit": proc.returncode, "verdict": "pass" if proc.returncode == 0 else "fail",
-            "tokens": {r["id"]: r["num_tokens"] for r in trace["requests"]},
-            "solo_tokens": {i: s["num_tokens"] for i, s in trace.get("solo", {}).items()},
-            "checks": {n: {"ok": c["ok"], "value": c["value"], "bound": c["bound"], "note": c["note"][:300]}
-                       for n, c in checks.items()},
+def target_figures(url: str, tmp_path: Path) -> dict:
+    figures, checks = target_run(url, tmp_path)
+    return {**figures, "checks": {n: {"ok": c["ok"], "value": c["value"], "bound": c["bound"],
+                                      "note": c["note"][:300]} for n, c in checks.items()},
             "failed": [n for n, c in checks.items() if c["ok"] is False]}
-
-
-def locust_run(url: str, tmp_path: Path) -> tuple[dict, Path]:
-    report_path = tmp_path / "locust.json"
-    report_path.unlink(missing_ok=True)
-    proc = subprocess.run(on_cpus(CLIENT_CPUS, [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary", "-t", "5s",
-        "--host", url, "--report-json", str(report_path)]), capture_output=True, text=True, timeout=600,
-        env=clean_env(), cwd=tmp_path)
-    assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(report_path.read_text())
-    finished = [r for r in report["per_request"] if not r["cut_by_stop"]]
-    return {"exit": proc.returncode, "verdict": report["verdict"], "calibration": report["calibration"],
-            "tokens": report["tokens"], "events": report["events"], "failures": report["failures"],
-            "locust_failures": report["locust_failures"],
-            "finished": {k: [len(r["token_times_ms"]) for r in finished if r["kind"] == k]
-                         for k in ("classic", "spec")},
-            "solo_tokens": {k: v["num_tokens"] for k, v in (report.get("solo") or {}).items()}}, report_path
 
 
 def test_target_and_locust_count_every_token_and_agree(llama, tmp_path):
     config, url = llama
-    targets = [target_run(url, tmp_path) for _ in range(RUNS)]
-    record(config, "target", targets)
+    targets = [target_figures(url, tmp_path) for _ in range(RUNS)]
+    RESULTS.record(config, "target", targets)
     locusts, judged = [], []
     for _ in range(RUNS):
-        run, report_path = locust_run(url, tmp_path)
+        run, _, report_path = locust_run(url, tmp_path)
         locusts.append(run)
         verdict_path = tmp_path / "verdict.json"
         proc = coopsched("judge", str(report_path), "--json", str(verdict_path), cwd=tmp_path)
         verdict = json.loads(verdict_path.read_text())
         judged.append({"exit": proc.returncode, "format": verdict["format"], "requests": verdict["requests"],
                        "finished": sum(map(len, run["finished"].values())), "groups": sorted(verdict["groups"])})
-    record(config, "locust", locusts)
-    record(config, "judge", judged)
-    for t in targets:  # every request's every token (usage.completion_tokens), alone and together
-        assert t["tokens"] == {"classic": 128, "spec": 96} and t["solo_tokens"] == t["tokens"], t
-        assert "completed" not in t["failed"] and "parity_vs_solo" not in t["failed"], t
+    RESULTS.record(config, "locust", locusts)
+    RESULTS.record(config, "judge", judged)
+    assert_every_token_counted(targets, locusts)  # counted from usage.completion_tokens
     for r in locusts:
-        assert r["failures"] == 0 and r["locust_failures"] == 0 and r["calibration"] == "solo", r
-        assert r["solo_tokens"] == {"classic": 128, "spec": 64}, r
-        assert set(r["finished"]["classic"]) <= {128} and set(r["finished"]["spec"]) <= {64}, r
-        assert r["finished"]["spec"] and r["finished"]["classic"], r
+        assert r["finished"]["classic"], r
     for j in judged:
         assert j["exit"] in (0, 1) and j["format"] == "locust" and j["requests"] == j["finished"], j
     verdicts = {t["verdict"] for t in targets} | {r["verdict"] for r in locusts}
@@ -259,7 +204,7 @@ def test_a_concurrency_sweep_counts_llama_cpp_tokens_per_rung(llama, tmp_path, c
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     points = json.loads(out.read_text())["points"]
     keep = ("load", "requests", "slo_attainment", "itl_p99_ms", "aggregate_tok_s", "spec_tok_s", "ttft_p95_ms")
-    record(config, "sweep", {"points": [{**{k: p.get(k) for k in keep}, "llamacpp": {
+    RESULTS.record(config, "sweep", {"points": [{**{k: p.get(k) for k in keep}, "llamacpp": {
         k: v for k, v in (p.get("metrics_delta") or {}).items() if k.startswith("llamacpp:")}} for p in points],
         "table": proc.stdout})
     with capsys.disabled():
@@ -284,8 +229,8 @@ def test_calibrate_writes_a_profile_and_its_report(llama, tmp_path, capsys):
     assert proc.returncode == 0 and profile_path.exists() and report_path.exists(), output[-4000:]
     profile, report = json.loads(profile_path.read_text()), json.loads(report_path.read_text())
     fit = profile["calibrated"]["fit"]
-    record(config, "calibrate", {"profile": {k: v for k, v in profile.items() if k != "jitter_quantiles"},
-                                 "report": report, "output": proc.stdout})
+    RESULTS.record(config, "calibrate", {"profile": {k: v for k, v in profile.items() if k != "jitter_quantiles"},
+                                         "report": report, "output": proc.stdout})
     with capsys.disabled():  # the fit and the --report table, in the tox log
         print(f"\n-- calibrate --target ({config}) --\n{proc.stdout}")
     assert profile["calibrated"]["context"] == "/v1/models meta.n_ctx = 1024"  # 4096 over 4 slots

@@ -8,11 +8,9 @@ HTTP) and the engine (virtual time, in process) must report the same numbers.
 from __future__ import annotations
 
 import json
-import threading
 
-import httpx
 import pytest
-from e2e_servers import clean_env, serve
+from e2e_servers import clean_env, complete_together, serve
 
 from coopsched.clock import ManualClock
 from coopsched.core import Request, SamplingParams, Scheduler
@@ -26,12 +24,6 @@ pytestmark = pytest.mark.e2e
 REQUESTS = [("metrics agree", 60, True), ("with the trace", 45, True), ("classic row", 80, False)]
 COUNTERS = {"coopsched_spec_rounds_total": "rounds", "coopsched_spec_draft_tokens_total": "drafted_tokens",
             "coopsched_spec_accepted_tokens_total": "accepted_tokens", "coopsched_spec_slices_total": "slices"}
-
-
-def post(url: str, prompt: str, max_tokens: int, speculative: bool, out: list) -> None:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "speculative": speculative,
-            "return_token_ids": True}
-    out.append(httpx.post(f"{url}/v1/completions", json=body, timeout=60).json())
 
 
 def reference(responses: list[dict]):
@@ -49,13 +41,7 @@ def reference(responses: list[dict]):
 def test_metrics_agree_with_the_virtual_time_trace():
     with serve("--decode-ms", "2", "--round-ms", "8", env=clean_env()) as served:
         before = served.metrics()
-        outs = [[] for _ in REQUESTS]
-        threads = [threading.Thread(target=post, args=(served.url, *req, out)) for req, out in zip(REQUESTS, outs)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        responses = [out[0] for out in outs]
+        responses = complete_together(served.url, REQUESTS, return_token_ids=True)
         after = served.metrics()
         served.stop()  # the log is complete once the server has exited
         log = [json.loads(line) for line in served.log if line.startswith('{"event": "BurstFinalized"')]

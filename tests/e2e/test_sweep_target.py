@@ -72,3 +72,42 @@ def test_a_mode_against_a_server_that_reports_none_says_so(ladder, capsys):
     line = capsys.readouterr().out.strip()
     assert line.startswith("error: --mode slice: the server at") and "reports no mode" in line
     assert "says so" not in line
+
+
+def test_verify_points_run_the_twins_points_live_and_record_its_error(ladder, tmp_path, capsys):
+    """--cost beside --target sweeps the twin and runs two of its points on the server. The server's
+    own profile is near at the light point (arrival-bound there); a twin whose steps all cost twice
+    the server's predicts half its saturated throughput, so its recorded error there is the lower.
+    Real time on shared cores: one live run of 16 requests varies by tens of percent, so only that."""
+    ladder.write_text(LADDER.replace('arrival = "closed"\nconcurrency = 1', 'arrival = "poisson"\nrate_per_s = 5')
+                      .replace("num_requests = 8", "num_requests = 16"))
+    true = {"decode_ms": [[1, 4.0]], "round_ms": [[4, 16.0]], "prefill_per_token_ms": 0.05, "accept_prob": 0.6}
+    doubled = {**true, "decode_ms": [[1, 8.0]], "round_ms": [[4, 32.0]]}
+    profiles = {}
+    for name, terms in (("true", true), ("doubled", doubled)):
+        profiles[name] = tmp_path / f"{name}.json"
+        profiles[name].write_text(json.dumps(terms))
+    sweeps = {}
+    with serve("--cost", str(profiles["true"])) as served:
+        for name, path in profiles.items():
+            out = tmp_path / f"{name}-sweep.json"
+            assert cli(["sweep", str(ladder), "--rates", "10,40,160", "--seeds", "1", "--cost", str(path),
+                        "--target", served.url, "--json", str(out)]) == 0
+            sweeps[name] = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    sweep = sweeps["true"]
+    assert (sweep["clock"], sweep["target"], sweep["cost_profile"]) == ("virtual", served.url, str(profiles["true"]))
+    assert sweep["modes"] == ["burst", "slice", "fused", "cost"]  # the twin swept every mode
+    assert list(sweep["verified"]) == ["slice@10", "slice@160"]  # the server's mode, lowest and highest load
+    twin_points = {(p["mode"], p["load"]): p for p in sweep["points"] if p["seed"] == 0}
+    for entry in sweep["verified"].values():
+        rows = entry["metrics"]
+        assert set(rows) == {"aggregate_tok_s", "ttft_p50_ms", "ttft_p95_ms", "classic_itl_p99_ms", "itl_p99_ms",
+                             "slo_attainment"}
+        assert rows["aggregate_tok_s"]["predicted"] == twin_points[("slice", entry["load"])]["aggregate_tok_s"]
+        got = rows["aggregate_tok_s"]
+        assert got["measured"] > 0 and got["error"] == round(got["predicted"] / got["measured"] - 1, 4)
+    aggregate = lambda s, point: s["verified"][point]["metrics"]["aggregate_tok_s"]["error"]
+    assert abs(aggregate(sweep, "slice@10")) < 0.5, printed
+    assert aggregate(sweeps["doubled"], "slice@160") < aggregate(sweep, "slice@160"), printed
+    assert "the twin vs" in printed and "slice@160" in printed

@@ -11,18 +11,13 @@ import threading
 
 import httpx
 import pytest
-from e2e_servers import clean_env, serve, wait_for
+from e2e_servers import clean_env, complete, complete_together, serve, wait_for
 
 pytestmark = pytest.mark.e2e
 
 SPEC_COUNTERS = ("llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total",
                  "llamacpp:spec_decode_num_accepted_tokens_total", "coopsched_spec_rounds_total",
                  "coopsched_spec_draft_tokens_total")
-
-
-def complete(url: str, prompt: str, max_tokens: int, speculative: bool, out: list) -> None:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "speculative": speculative}
-    out.append(httpx.post(f"{url}/v1/completions", json=body, timeout=60).json())
 
 
 def streamed(url: str, body: dict) -> list[dict]:
@@ -36,15 +31,9 @@ def test_timings_and_the_llamacpp_counters():
     requests = [("a speculative one", 40, True), ("another speculative", 33, True), ("a classic row", 25, False)]
     with serve("--decode-ms", "1", "--round-ms", "3") as served:
         before = served.metrics()
-        outs = [[] for _ in requests]
-        threads = [threading.Thread(target=complete, args=(served.url, *r, out)) for r, out in zip(requests, outs)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        responses = complete_together(served.url, requests)
         after = served.metrics()
     delta = {name: after[name] - before.get(name, 0.0) for name in SPEC_COUNTERS}
-    responses = [out[0] for out in outs]
     accepted = 0
     for response, (_, _, speculative) in zip(responses, requests):
         t = response["timings"]
@@ -88,7 +77,8 @@ def test_serve_counts_its_grants_and_mixed_steps(mixed):
         before = served.metrics()
         outs = [[] for _ in range(4)]
         jobs = [("row", 300, False)] * 3 + [("x" * 400, 4, False)]
-        threads = [threading.Thread(target=complete, args=(served.url, *job, out)) for job, out in zip(jobs, outs)]
+        threads = [threading.Thread(target=lambda job=job, out=out: out.append(complete(served.url, *job)))
+                   for job, out in zip(jobs, outs)]
         for thread in threads[:3]:
             thread.start()
         assert wait_for(lambda: served.metrics()["coopsched_requests_running"] >= 3)  # the rows decode first

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,30 +25,28 @@ from pathlib import Path
 import pytest
 from e2e_servers import clean_env
 from factories import LADDER
+from interop_runs import (
+    PINNED,
+    SERVER_CPU,
+    Results,
+    assert_every_token_counted,
+    coopsched,
+    locust_run,
+    on_cpus,
+    target_run,
+)
 
 from harness.live.client import free_port, spawn_server
 
 pytestmark = pytest.mark.interop
 
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "scenarios" / "concurrency2.py"
 RUNS = 5
 STARTUP_S = 300  # 45-65 s on a quiet 2-core machine, minutes under load
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 CONFIGS = {"no-spec": [], "ngram": ["--speculative-config", json.dumps(NGRAM)]}
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-CPUS = sorted(os.sched_getaffinity(0))
-PINNED = len(CPUS) > 1 and shutil.which("taskset") is not None
-SERVER_CPU, CLIENT_CPUS = CPUS[-1], ",".join(map(str, CPUS[:-1]))
-RESULTS = Path(os.environ.get("COOPSCHED_INTEROP_RESULTS", "reports/interop/latest.json"))
-
-
-def on_cpus(cpus: int | str, command: list[str]) -> list[str]:
-    return ["taskset", "-c", str(cpus), *command] if PINNED else command
-
-
-def client(command: list[str]) -> list[str]:
-    return on_cpus(CLIENT_CPUS, command)
+RESULTS = Results(Path(os.environ.get("COOPSCHED_INTEROP_RESULTS", "reports/interop/latest.json")))
 
 
 def vllm_model(target: Path, out: Path) -> Path:
@@ -88,70 +85,32 @@ def vllm(request, model_dir):
     env = VLLM_ENV | ({"VLLM_CPU_OMP_THREADS_BIND": str(SERVER_CPU)} if PINNED else {})
     with spawn_server(command=on_cpus(SERVER_CPU, command), port=port, env=clean_env(**env), timeout_s=STARTUP_S,
                       own_group=True) as served:
-        record(request.param, "startup_s", round(time.monotonic() - began, 1))
+        RESULTS.record(request.param, "startup_s", round(time.monotonic() - began, 1))
         yield request.param, served.url
 
 
-def record(config: str, tool: str, runs) -> None:
-    """Keep what each tool measured (the README table is written from this file)."""
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data.setdefault(config, {})[tool] = runs
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
-
-
-def target_run(url: str, tmp_path: Path) -> dict:
-    trace_path = tmp_path / "trace.json"
-    trace_path.unlink(missing_ok=True)
-    proc = subprocess.run(client([sys.executable, "-m", "coopsched.cli", "run", "concurrency2", "--target", url,
-                                  "--json", str(trace_path)]),
-                          capture_output=True, text=True, timeout=600, env=clean_env())
-    assert trace_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    trace = json.loads(trace_path.read_text())[0]
-    checks = {c["name"]: c for c in trace["checks"]}
-    return {"exit": proc.returncode, "verdict": "pass" if proc.returncode == 0 else "fail",
-            "tokens": {r["id"]: r["num_tokens"] for r in trace["requests"]},
-            "solo_tokens": {i: s["num_tokens"] for i, s in trace.get("solo", {}).items()},
-            "checks": {n: {"ok": c["ok"], "value": c["value"], "bound": c["bound"],
-                           "hol": (c.get("stalls") or {}).get("hol"), "noise": (c.get("stalls") or {}).get("noise")}
-                       for n, c in checks.items()},
+def target_figures(url: str, tmp_path: Path) -> dict:
+    figures, checks = target_run(url, tmp_path, timeout_s=600)
+    return {**figures, "checks": {n: {"ok": c["ok"], "value": c["value"], "bound": c["bound"],
+                                      "hol": (c.get("stalls") or {}).get("hol"),
+                                      "noise": (c.get("stalls") or {}).get("noise")} for n, c in checks.items()},
             "failed": [n for n, c in checks.items() if not c["ok"]]}
 
 
-def locust_run(url: str, tmp_path: Path) -> dict:
-    report_path = tmp_path / "locust.json"
-    report_path.unlink(missing_ok=True)
-    proc = subprocess.run(client([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-                                  "--only-summary", "-t", "5s", "--host", url, "--report-json", str(report_path)]),
-                          capture_output=True, text=True, timeout=600, env=clean_env(), cwd=tmp_path)
-    assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(report_path.read_text())
-    finished = [r for r in report["per_request"] if not r["cut_by_stop"]]
-    return {"exit": proc.returncode, "verdict": report["verdict"], "calibration": report["calibration"],
-            "tokens": report["tokens"], "events": report["events"], "failures": report["failures"],
-            "locust_failures": report["locust_failures"], "margin": report.get("margin"),
-            "solo_limits": report.get("solo_limits"),
-            "finished": {k: [len(r["token_times_ms"]) for r in finished if r["kind"] == k]
-                         for k in ("classic", "spec")},
-            "solo_tokens": {k: v["num_tokens"] for k, v in (report.get("solo") or {}).items()},
+def locust_figures(url: str, tmp_path: Path) -> dict:
+    figures, report, _ = locust_run(url, tmp_path)
+    return {**figures, "margin": report.get("margin"), "solo_limits": report.get("solo_limits"),
             "stalls": {k: {"hol": v["hol"], "noise": v["noise"], "timeline": v["timeline"], "worst_hol": v["worst_hol"]}
                        for k, v in (report.get("stalls") or {}).items()}}
 
 
 def test_target_and_locust_count_every_token_and_agree(vllm, tmp_path):
     config, url = vllm
-    targets = [target_run(url, tmp_path) for _ in range(RUNS)]
-    record(config, "target", targets)
-    locusts = [locust_run(url, tmp_path) for _ in range(RUNS)]
-    record(config, "locust", locusts)
-    for t in targets:  # every request's every token, alone and together
-        assert t["tokens"] == {"classic": 128, "spec": 96} and t["solo_tokens"] == t["tokens"], t
-        assert "completed" not in t["failed"] and "parity_vs_solo" not in t["failed"], t
-    for r in locusts:
-        assert r["failures"] == 0 and r["locust_failures"] == 0 and r["calibration"] == "solo", r
-        assert r["solo_tokens"] == {"classic": 128, "spec": 64}, r
-        assert set(r["finished"]["classic"]) <= {128} and set(r["finished"]["spec"]) <= {64}, r
-        assert r["finished"]["spec"], r  # at least one speculative reply ran to its end
+    targets = [target_figures(url, tmp_path) for _ in range(RUNS)]
+    RESULTS.record(config, "target", targets)
+    locusts = [locust_figures(url, tmp_path) for _ in range(RUNS)]
+    RESULTS.record(config, "locust", locusts)
+    assert_every_token_counted(targets, locusts)
     verdicts = {t["verdict"] for t in targets} | {r["verdict"] for r in locusts}
     assert len(verdicts) == 1, (targets, locusts)
     if config == "ngram":  # vLLM streams a speculative step's accepted tokens in one event
@@ -162,11 +121,10 @@ def test_a_short_sweep_runs_against_vllm(vllm, tmp_path):
     config, url = vllm
     ladder, out = tmp_path / "ladder.toml", tmp_path / "sweep.json"
     ladder.write_text(LADDER)
-    proc = subprocess.run(client([sys.executable, "-m", "coopsched.cli", "sweep", str(ladder), "--target", url,
-                                  "--concurrency", "1,2", "--seeds", "1", "--json", str(out)]),
-                          capture_output=True, text=True, timeout=600, env=clean_env(), cwd=tmp_path)
+    proc = coopsched("sweep", str(ladder), "--target", url, "--concurrency", "1,2", "--seeds", "1",
+                     "--json", str(out), cwd=tmp_path, timeout_s=600)
     assert proc.returncode == 0 and out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = json.loads(out.read_text())
     assert [(p["load"], p["requests"]) for p in sweep["points"]] == [(1, 8), (2, 8)], sweep["points"]
     keys = ("load", "requests", "slo_attainment", "itl_p99_ms")
-    record(config, "sweep", [{k: p.get(k) for k in keys} for p in sweep["points"]])
+    RESULTS.record(config, "sweep", [{k: p.get(k) for k in keys} for p in sweep["points"]])

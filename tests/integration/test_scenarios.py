@@ -49,8 +49,8 @@ def test_slice_checks_fail_when_the_scheduler_regresses_to_a_burst(monkeypatch):
 
 
 def test_slice_check_fails_when_the_yield_flag_is_never_set(monkeypatch):
-    from coopsched.core import scheduler
-    monkeypatch.setattr(scheduler, "next_yield_flag", lambda flag, action: False)
+    from coopsched.core import books
+    monkeypatch.setattr(books, "next_yield_flag", lambda flag, action: False)
     checks = checks_of(runner.run_scenario(scenario.load("concurrency2"), "slice"))
     assert not checks["classic_itl"]["ok"]
 

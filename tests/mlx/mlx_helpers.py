@@ -30,6 +30,20 @@ def run(backend, requests, on_event=None, scheduler=None, **config):
     return scheduler, result
 
 
+def record_drafts(backend) -> dict[str, list[list[int]]]:
+    """Every proposal list the backend's drafter returns, per sequence, in round order."""
+    seen: dict[str, list[list[int]]] = {}
+    real_draft = backend.draft
+
+    def draft(rows, num_tokens):
+        proposals = real_draft(rows, num_tokens)
+        for (seq_id, _), row in zip(rows, proposals):
+            seen.setdefault(seq_id, []).append(list(row))
+        return proposals
+    backend.draft = draft
+    return seen
+
+
 def expected(oracle, request, eos: int) -> list[int]:
     """What serving must emit: the oracle's greedy tokens up to max_tokens, cut before EOS."""
     want = oracle(request.prompt_token_ids, max(request.max_tokens, MAX_TOKENS) + BLOCK_SIZE)[: request.max_tokens]

@@ -5,25 +5,11 @@ the drafter's noise controls acceptance."""
 from __future__ import annotations
 
 import pytest
-from mlx_helpers import BLOCK_SIZE, make_requests, mismatches, run
+from mlx_helpers import BLOCK_SIZE, make_requests, mismatches, record_drafts, run
 
 from coopsched.backends.mlx_backend import MlxBackend
 
 pytestmark = pytest.mark.mlx
-
-
-def record_drafts(backend) -> dict[str, list[list[int]]]:
-    """Every proposal list the backend's drafter returns, per sequence, in round order."""
-    seen: dict[str, list[list[int]]] = {}
-    real_draft = backend.draft
-
-    def draft(rows, num_tokens):
-        proposals = real_draft(rows, num_tokens)
-        for (seq_id, _), row in zip(rows, proposals):
-            seen.setdefault(seq_id, []).append(list(row))
-        return proposals
-    backend.draft = draft
-    return seen
 
 
 def true_matches(stream: list[int], rounds: list[list[int]]) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
-from mlx_helpers import BLOCK_SIZE, MAX_TOKENS, run
+from mlx_helpers import BLOCK_SIZE, MAX_TOKENS, record_drafts, run
 from mlx_lm.generate import generate_step
 
 from coopsched.backends.mlx_backend import MlxBackend
@@ -82,15 +82,7 @@ def test_a_self_drafter_proposes_exactly_what_the_target_keeps(models, loaded, p
     """The drafter applies the rule at the same output indices as the target: with the target as
     its own drafter every draft inside the output is kept (an off-by-one would propose EOS)."""
     self_drafted = MlxBackend(models.target, models.target)
-    proposals: dict[str, list[list[int]]] = {}
-    real_draft = self_drafted.draft
-
-    def draft(rows, num_tokens):
-        out = real_draft(rows, num_tokens)
-        for (seq_id, _), row in zip(rows, out):
-            proposals.setdefault(seq_id, []).append(list(row))
-        return out
-    self_drafted.draft = draft
+    proposals = record_drafts(self_drafted)
     for p, prompt in enumerate(prompts[:NUM_PROMPTS]):
         self_drafted.eos_token_id = eos = frequent_token(oracle, prompt)
         request = Request(f"p{p}", prompt, MAX_TOKENS, SamplingParams(min_tokens=13))

@@ -19,8 +19,15 @@ LLAMA_PROPS = {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4}
     (Exposed(models=[{"id": "m", "owned_by": "vllm"}]), "vllm", "owned_by 'vllm'"),
     (Exposed(props=LLAMA_PROPS), "llama.cpp", "/props"),
     (Exposed(models=[{"id": "m", "owned_by": "llamacpp"}]), "llama.cpp", "owned_by 'llamacpp'"),
-    (Exposed(models=[{"id": "m", "object": "model"}], server_header="BaseHTTP/0.6 Python/3.11.7"),
-     "mlx-lm", "mlx_lm.server"),
+    (Exposed(health={"status": "ok"}, models=[{"id": "m", "owned_by": "coopsched"}]), "coopsched",
+     "owned_by 'coopsched'"),
+    (Exposed(models=[{"id": "m", "object": "model"}], server_header="BaseHTTP/0.6 Python/3.11.7",
+             not_found=b"Not Found"), "mlx-lm", "mlx_lm.server"),
+    # a stdlib fake (the tests' own servers) that answers a JSON 404 is not mlx_lm.server
+    (Exposed(models=[{"id": "m", "object": "model"}], server_header="BaseHTTP/0.6 Python/3.11.7",
+             not_found=b'{"error": {"message": "not found"}}'), "unknown", "no rule matched"),
+    (Exposed(models=[{"id": "m", "owned_by": "someone"}], server_header="BaseHTTP/0.6 Python/3.11.7",
+             not_found=b"Not Found"), "unknown", "no rule matched"),
     (Exposed(health={"status": "ok"}, models=[{"id": "m"}], server_header="uvicorn"), "unknown", "no rule matched"),
 ])
 def test_each_rule_names_its_kind_and_evidence(exposed, kind, evidence):
@@ -32,3 +39,25 @@ def test_a_bare_server_is_unknown_and_the_evidence_lists_what_was_looked_for():
     kind, why = kind_of(Exposed())
     assert kind == "unknown"
     assert all(word in why for word in ("/health mode", "metrics", "/props", "owned_by", "Server header"))
+
+
+@pytest.mark.parametrize("server, in_profile, kind, source", [
+    pytest.param(None, None, "coopsched", "", id="detected"),
+    pytest.param(None, "vllm", "vllm", "the profile's server vllm (detected coopsched", id="the-profiles-kind"),
+    pytest.param("unknown", "vllm", "unknown", "--server unknown (detected coopsched", id="server-wins"),
+])
+def test_which_kind_a_calibration_twins(tmp_path, monkeypatch, server, in_profile, kind, source):
+    import argparse
+    import json
+
+    from rich.console import Console
+
+    from harness.calibrate import cli, detect
+
+    monkeypatch.setattr(detect, "detect_kind", lambda url: ("coopsched", "/health reports mode='slice'"))
+    profile = None
+    if in_profile:
+        profile = tmp_path / "p.json"
+        profile.write_text(json.dumps({"server": in_profile}))
+    got, evidence = cli._server_kind(argparse.Namespace(server=server, profile=profile), "http://x", Console())
+    assert got == kind and evidence.startswith(source)

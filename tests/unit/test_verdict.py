@@ -50,3 +50,17 @@ def test_a_failure_is_named_before_the_held_and_fails_either_way(strict):
                       ("c", Check.skip("c", "off")), ("d", Check.skip("d", "other"))])
     assert tally.line() == "1 failed, 1 hold, 2 skipped (1: off; 1: other)"
     assert tally.failed == ("a",) and not tally.ok(strict)
+
+
+def test_one_registry_names_every_check_and_the_verdicts_page_lists_them():
+    from pathlib import Path
+
+    from harness.verdict import live, target, virtual
+    from harness.verdict.registry import every_check
+
+    named = every_check()
+    assert set(named) == set(virtual.CHECKS) | set(live.CHECKS) | set(target.CHECKS)
+    assert set(named["classic_itl"]) == {"run", "live", "target"}  # one name, asked by each runner
+    assert set(named["stall_vs_solo"]) == {"target"}
+    page = (Path(__file__).resolve().parents[2] / "docs" / "verdicts.md").read_text()
+    assert [n for n in named if f"`{n}`" not in page] == []

@@ -1,0 +1,69 @@
+"""The pure parts of mlx_lm.server's calibration: the prefill line on relative error, first tokens
+grouped into steps, a round priced from a stream's mean gap."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.calibrate import fit
+from harness.calibrate.server_params import cluster_sizes, prefill_line, round_per_token, waves_of
+
+LENGTHS = (16, 64, 256, 1024)
+
+
+def ttft(x: float) -> float:
+    return 5.0 + 0.3 * x + 0.001 * x * x  # attention makes long prompts cost more than linearly
+
+
+def record(points):
+    return {"prefill": {"points": [[x, y, 0.0] for x, y in points]}}
+
+
+def test_the_prefill_line_prices_short_prompts_as_measured():
+    points = [(x, ttft(x)) for x in LENGTHS for _ in range(3)]
+    cost, evidence = prefill_line(record(points), {"decode": [1.0, 1.0]})
+    line = lambda x: cost["prefill_fixed_ms"] + cost["prefill_per_token_ms"] * x
+    assert line(40) == pytest.approx(ttft(40), rel=0.25)
+    assert cost["jitter_quantiles"]["decode"] == [1.0, 1.0]  # other terms' spread kept
+    assert "relative error" in evidence["prefill"]["says"]
+    # the least-squares line it replaces (calibrate --target's) misses the same prompt by far more
+    plain = fit.LinearFit.of(*zip(*points))
+    assert abs(max(plain(40), 0.0) / ttft(40) - 1) > 0.5
+
+
+def test_a_negative_fixed_cost_becomes_a_line_through_the_origin():
+    cost, _ = prefill_line(record([(16, 2.0), (64, 20.0), (256, 90.0)]), {})
+    assert cost["prefill_fixed_ms"] == 0.0 and cost["prefill_per_token_ms"] > 0
+
+
+@pytest.mark.parametrize(("times", "sizes"), [
+    ([], []),
+    ([0.0, 0.1, 0.2, 5.0, 5.1, 10.0], [3, 2, 1]),
+    ([0.0, 0.4, 0.8, 1.2], [4]),
+], ids=["none", "three-steps", "one-step"])
+def test_first_tokens_group_into_steps(times, sizes):
+    assert cluster_sizes(times, 0.5) == sizes
+
+
+def test_a_round_is_priced_from_the_streams_mean_gap():
+    terms = round_per_token({"long_itl_ms": 3.0}, {"accept_prob": 0.5}, lambda _: None)
+    assert terms["round_ms"] == [[4, pytest.approx(3.0 * 1.875)]]  # 1 + 0.5 + 0.25 + 0.125 tokens a round
+    assert round_per_token({"long_itl_ms": 3.0}, {"accept_prob": None}, lambda _: None) == {}
+
+
+SENT = [100.0 * (i + 1) for i in range(12)]
+TTFTS = [514.0, 468.0, 315.0, 210.0, 168.0, 444.0, 358.0, 257.0, 157.0, 57.0, 482.0, 406.0]  # measured
+
+
+def test_waves_are_where_a_probe_missed_the_wave_its_predecessor_caught():
+    """Measured under load: the first wave's last probes came 57 ms apart, which grouping first
+    tokens by their gaps took for two waves (wave_ms 390 for a 0.5 s budget)."""
+    wave, starts, _ = waves_of(SENT, TTFTS, long_last=5000.0)
+    assert starts == [610.0, 1044.0, 1582.0] and wave == pytest.approx(486.0)
+    assert waves_of(SENT[:3], [10.0, 12.0, 9.0], long_last=5000.0)[0] == 0.0  # every probe started at once
+
+
+def test_a_drained_batch_is_not_a_wave():
+    """Once the long request ends the batch drains and the next probe starts at once: its TTFT falls,
+    so it joins the wave before it rather than starting one."""
+    assert waves_of(SENT, TTFTS[:10] + [20.0, 15.0], long_last=1200.0)[0] == pytest.approx(434.0)
