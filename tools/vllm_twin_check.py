@@ -139,14 +139,13 @@ def check(args: argparse.Namespace) -> int:
 
 def fit(args: argparse.Namespace) -> int:
     server = target.Server.connect(args.target)
-    fitted = server_params.fit_params("vllm", server)
     profile = json.loads(Path(args.profile).read_text())
-    profile.update(fitted.cost, server="vllm", server_params=fitted.params)
-    profile.setdefault("calibrated", {})["server_fit"] = fitted.evidence
+    fitted = profile.get("calibrated", {}).get("fit", {})
+    params, evidence, cost = server_params.fit_params("vllm", server, profile, fitted, print)
+    profile.update(cost, server="vllm", server_params=params)
+    profile.setdefault("calibrated", {})["server_fit"] = evidence
     Path(args.out).write_text(json.dumps(profile, indent=1) + "\n")
-    for line in fitted.evidence:
-        print(line)
-    print(f"wrote {args.out}: server vllm, server_params {fitted.params}, {fitted.cost or 'no cost overrides'}")
+    print(f"wrote {args.out}: server vllm, server_params {params}, {cost or 'no cost overrides'}")
     return 0
 
 

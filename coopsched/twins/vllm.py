@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from coopsched.core.append import Vocab
 from coopsched.core.config import SchedulerConfig
+from coopsched.core.kv import KVSlotPool
 from coopsched.core.plan import Decode, Plan, Prefill, Verify
 from coopsched.core.request import Request
 from coopsched.core.types import ActionKind, TickKind
@@ -29,8 +30,7 @@ class VllmModel(StepModel):
               "tokens one step schedules over all its rows: 1 per decode, 1 + K per speculative "
               "decode, the rest to prompt chunks"),
         Param("num_speculative_tokens", 0, "--speculative-config num_speculative_tokens",
-              "K proposals per running request each step when a drafter is configured "
-              "(0: the config's block_size - 1)"),
+              "K proposals per running request each step (0: no speculation configured)"),
         Param("enable_chunked_prefill", True, "--enable-chunked-prefill",
               "a prompt longer than the budget left is prefilled in chunks over several steps "
               "(off: it waits for a step with room for all of it)"),
@@ -43,14 +43,20 @@ class VllmModel(StepModel):
                  keep_history: bool = True, vocab: Vocab | None = None) -> None:
         super().__init__(config, params, keep_history=keep_history, vocab=vocab)
         self.max_running = _count(self.params, "max_num_seqs", 1)
+        # vLLM's KV cache is paged: max_num_seqs caps its rows, not a slot count (preemption: not modelled)
+        self.kv = KVSlotPool(max(config.num_kv_slots, self.max_running), config.slot_tokens)
         self.token_budget = _count(self.params, "max_num_batched_tokens", 1)
-        k = _count(self.params, "num_speculative_tokens", 0)
-        self.num_spec = (k or config.block_size - 1) if self.speculates else 0  # K: proposals a row a step
+        self.num_spec = _count(self.params, "num_speculative_tokens", 0)  # K: proposals a row a step
         self.chunked = bool(self.params["enable_chunked_prefill"])
         frontend = self.params["frontend_ms"]
         if isinstance(frontend, bool) or not isinstance(frontend, (int, float)) or not 0 <= frontend < 1e6:
             raise ValueError(f"server_params frontend_ms={frontend!r}: a vllm twin wants a number of ms >= 0")
         self.frontend_ms = float(frontend)
+
+    @property
+    def speculates(self) -> bool:
+        """vLLM speculates when its server is started with a speculative config, for every request."""
+        return self.num_spec > 0
 
     def plan_step(self) -> Plan:
         step = Step(self.token_budget)

@@ -206,7 +206,7 @@ def _draft_for(profile: dict, backend, k: int) -> dict:
 
 # -- a server over HTTP ----------------------------------------------------------------------------
 def _target(args: argparse.Namespace, console) -> int:
-    from harness.calibrate import target, twin
+    from harness.calibrate import server_params, target, twin
     from harness.run.runner import Profile
     from mocks import CostModel
 
@@ -242,12 +242,15 @@ def _target(args: argparse.Namespace, console) -> int:
         the_twin = Profile(loaded.cost, kind, loaded.server_params if kind == loaded.server else {})
     else:
         fitted = profile.pop("fit")
-        the_twin = Profile(CostModel(**profile), kind, {})
+        say = lambda line: console.print(line, highlight=False, soft_wrap=True)
+        params, server_fit, overrides = server_params.fit_params(kind, server, profile, fitted, say)
+        profile.update(overrides)  # the kind's model prices some terms from the server's own counts
+        the_twin = Profile(CostModel(**profile), kind, params)
         document = {**profile, "server": kind, "server_params": dict(the_twin.server_params),
                     "calibrated": {"target": server.url, "model": server.model, "mode": server.mode,
                                    "block_size": k, "repeats": repeats, "extensions": server.extensions,
                                    "context": server.context_source, "load_average": loads,
-                                   "server_evidence": evidence, "fit": fitted}}
+                                   "server_evidence": evidence, "server_fit": server_fit, "fit": fitted}}
         _write(args.out, document)
         _print_target_fit(args.out, profile, fitted, k)
     if args.report:

@@ -110,6 +110,16 @@ def test_params_are_documented_with_the_flag_they_mirror():
         make_scheduler("vllm", SchedulerConfig(), {"max_num_seqs": 0})
 
 
+def test_rows_are_capped_by_max_num_seqs_not_by_kv_slots():
+    # vLLM's cache is paged: a config with 2 KV slots still runs max_num_seqs = 4 rows at once
+    model = make_scheduler("vllm", SchedulerConfig(num_kv_slots=2), {"max_num_seqs": 4})
+    backend = make_backend(ManualClock())
+    plans = []
+    Engine(model, backend, backend.clock, on_tick=lambda c: plans.append(c.plan)).run(
+        [req(f"r{i}", 3) for i in range(5)])
+    assert plan_tokens(plans[0]) == {"r0": 3, "r1": 3, "r2": 3, "r3": 3}
+
+
 def test_frontend_ms_delays_admission_and_counts_in_ttft():
     """An open-loop twin submits each request frontend_ms late; its TTFT is from the client's send."""
     from harness.run import runner
