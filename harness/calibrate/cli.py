@@ -244,7 +244,8 @@ def _target(args: argparse.Namespace, console) -> int:
         fitted = profile.pop("fit")
         say = lambda line: console.print(line, highlight=False, soft_wrap=True)
         params, server_fit, overrides = server_params.fit_params(kind, server, profile, fitted, say)
-        profile.update(overrides)  # the kind's model prices some terms from the server's own counts
+        cost_fit = dict(profile)  # printed as fitted; the kind's model prices some terms from the server's counts
+        profile.update(overrides)
         the_twin = Profile(CostModel(**profile), kind, params)
         document = {**profile, "server": kind, "server_params": dict(the_twin.server_params),
                     "calibrated": {"target": server.url, "model": server.model, "mode": server.mode,
@@ -252,7 +253,10 @@ def _target(args: argparse.Namespace, console) -> int:
                                    "context": server.context_source, "load_average": loads,
                                    "server_evidence": evidence, "server_fit": server_fit, "fit": fitted}}
         _write(args.out, document)
-        _print_target_fit(args.out, profile, fitted, k)
+        _print_target_fit(args.out, cost_fit, fitted, k)
+        if overrides:
+            say(f"the {kind} twin prices {', '.join(sorted(overrides))} from the server's own counts (above: "
+                f"vllm: / {kind}: lines); server_params {params}")
     if args.report:
         config = target.twin_config_of(server, args.twin_mode, k)
         predict = {config.mode: twin.simulate(the_twin, config, range(max(runs, 5)), workload)}
