@@ -27,14 +27,12 @@ from coopsched.core import SchedulerConfig
 from coopsched.engine import Engine
 from coopsched.twins import make_scheduler
 from harness.calibrate import server_params, target
+from harness.calibrate.heldout import METRICS
+from harness.calibrate.heldout import TOLERANCE as LIMITS  # calibrate --report's rule
 from harness.run import metrics, runner
 from harness.run.scenario import Scenario
 from harness.run.workload import Workload
 from mocks import CostModel
-
-METRICS = ("aggregate_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_mean_ms", "classic_itl_p99_ms")
-LIMITS = {"aggregate_tok_s": 0.10, "ttft_p50_ms": 0.20, "ttft_p95_ms": 0.25, "itl_mean_ms": 0.10,
-          "classic_itl_p99_ms": 0.20}
 
 
 def workload(rate: float, num: int) -> Scenario:

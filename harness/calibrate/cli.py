@@ -251,7 +251,10 @@ def _target(args: argparse.Namespace, console) -> int:
                                    "server_evidence": evidence, "server_fit": server_fit, "replaced": replaced,
                                    "fit": fitted}}
         _write(args.out, document)
-        _print_target_fit(args.out, profile, fitted, k)
+        _print_target_fit(args.out, {**profile, **replaced}, fitted, k)  # the terms as the timing fit found them
+        if replaced:
+            console.print(f"the {kind} twin prices {', '.join(sorted(replaced))} from the server's own counts "
+                          f"(the {kind}: lines above); server_params {params}", highlight=False, soft_wrap=True)
     if args.report:
         config = target.twin_config_of(server, args.twin_mode, k)
         predict = {config.mode: twin.simulate(the_twin, config, range(max(runs, 5)), workload)}

@@ -133,7 +133,15 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     def record(event) -> None:
         token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
 
-    result = Engine(scheduler, backend, clock, on_event=record).run(scenario.arrivals(requests), keep_events=False)
+    arrivals = scenario.arrivals(requests)
+    frontend = float(getattr(scheduler, "frontend_ms", 0.0))  # a server model: ms before its scheduler sees a request
+    if frontend and isinstance(arrivals, list):  # open loop: each request reaches the scheduler that much later ...
+        for request in requests:
+            request.arrival_ms += frontend
+    result = Engine(scheduler, backend, clock, on_event=record).run(arrivals, keep_events=False)
+    if frontend and isinstance(arrivals, list):  # ... and its TTFT is counted from when the client sent it
+        for request in requests:
+            request.arrival_ms -= frontend
     return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
                token_times, result.ticks, scheduler, backend)
 

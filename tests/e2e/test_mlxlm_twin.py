@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from e2e_servers import clean_env, serve
 
+from harness.calibrate.heldout import TOLERANCE
 from harness.live.client import free_port
 
 pytestmark = pytest.mark.e2e
@@ -66,4 +67,6 @@ def test_the_mlx_lm_twin_predicts_a_held_out_workload(tmp_path, tiny_model):
         limits = ", ".join(f"{m} {row['limit']:.0%}" for m, row in metrics.items())
         pytest.skip(f"the mlx-lm twin held; whether the cost-only twin misses is not told at a load average of "
                     f"{load:.1f} (limits {limits})")
-    assert not all(row["before"]["within"] for row in metrics.values()), output
+    # the cost-only twin is further off than a tolerance on some figure (the spread may still excuse it)
+    assert any(row["before"]["error"] is not None and abs(row["before"]["error"]) > TOLERANCE[m]
+               for m, row in metrics.items()), output
