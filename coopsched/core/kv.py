@@ -6,6 +6,8 @@ fit and is refused at submit time with a message that names the numbers.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from .request import Request, RequestError
 
 
@@ -51,3 +53,13 @@ class KVSlotPool:
         slot = self._owner.pop(seq_id, None)
         if slot is not None:
             self._free.append(slot)
+
+
+def check_queueable(request: Request, live: Container[str], kv: KVSlotPool) -> None:
+    """Raise RequestError if the request can never be queued now: an empty prompt, an id already
+    live, or more context than a KV slot holds."""
+    if not request.prompt_token_ids:
+        raise RequestError(f"request {request.id!r}: the prompt is empty; send at least one token")
+    if request.id in live:
+        raise RequestError(f"request id {request.id!r} is already live")
+    kv.check_fits(request)

@@ -16,7 +16,7 @@ from .books import NO_DELTAS, Books
 from .config import SchedulerConfig
 from .dispatch import shape_key
 from .hol import HolBook
-from .kv import KVSlotPool
+from .kv import KVSlotPool, check_queueable
 from .modes import make_policy
 from .observability import BatchObservability
 from .outputs import append_prefills, append_result, fail_rows
@@ -24,7 +24,7 @@ from .plan import Committed, Decode, Plan, Result, Verify
 from .policy import Decision
 from .prefill import Budget, planned_tokens, slice0_spans, spans_for
 from .queue import PrefillQueue
-from .request import Request, RequestError, RequestState
+from .request import Request, RequestState
 from .rotation import Backlog
 from .spec import SpecJob
 from .types import ActionKind, FinishReason, SpecStats, TickKind, TickRecord, TickState, TokenEvent
@@ -58,11 +58,7 @@ class Scheduler:
     # -- intake ---------------------------------------------------------------
     def validate(self, request: Request) -> None:
         """Raise RequestError if the request can never be queued now."""
-        if not request.prompt_token_ids:
-            raise RequestError(f"request {request.id!r}: the prompt is empty; send at least one token")
-        if request.id in self.requests:
-            raise RequestError(f"request id {request.id!r} is already live")
-        self.kv.check_fits(request)
+        check_queueable(request, self.requests, self.kv)
 
     def submit(self, request: Request) -> None:
         """Queue a request between ticks (one that arrived during a tick goes to that tick's commit)."""

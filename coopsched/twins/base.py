@@ -11,10 +11,10 @@ from typing import ClassVar, NamedTuple
 
 from coopsched.core.append import Vocab, append
 from coopsched.core.config import SchedulerConfig
-from coopsched.core.kv import KVSlotPool
+from coopsched.core.kv import KVSlotPool, check_queueable
 from coopsched.core.observability import BatchObservability
 from coopsched.core.plan import Committed, Plan, Prefill, Result
-from coopsched.core.request import Request, RequestError, RequestState
+from coopsched.core.request import Request, RequestState
 from coopsched.core.spec import accept_walk
 from coopsched.core.types import (
     ActionKind,
@@ -67,11 +67,7 @@ class StepModel:
 
     # -- intake ---------------------------------------------------------------
     def validate(self, request: Request) -> None:
-        if not request.prompt_token_ids:
-            raise RequestError(f"request {request.id!r}: the prompt is empty; send at least one token")
-        if request.id in self.requests:
-            raise RequestError(f"request id {request.id!r} is already live")
-        self.kv.check_fits(request)
+        check_queueable(request, self.requests, self.kv)
 
     def submit(self, request: Request) -> None:
         self.validate(request)
