@@ -99,7 +99,7 @@ def calibrate(url: str, out: Path) -> dict:
     kind, why = detect_kind(url)
     if kind != "llama.cpp":
         raise SystemExit(f"{url} was detected as {kind} ({why}), not llama.cpp")
-    evidence = server_params.calibrate_llamacpp(profile, target.Server.connect(url))
+    evidence = server_params.llamacpp.calibrate_llamacpp(profile, target.Server.connect(url))
     out.write_text(json.dumps(profile, indent=1) + "\n")
     print(f"kind {kind}: {why}\n" + "\n".join(evidence))
     return profile

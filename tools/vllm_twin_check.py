@@ -4,7 +4,7 @@
     python tools/vllm_twin_check.py check --target URL --twin before=cost.json --twin after=vllm.json \
         --rate 4 --num-requests 40 --runs 3 --json out.json
 
-`fit` adds what the vllm twin needs to a `calibrate --target` profile (harness/calibrate/server_params.py):
+`fit` adds what the vllm twin needs to a `calibrate --target` profile (harness/calibrate/server_params/vllm.py):
 "server": "vllm", its "server_params" and the acceptance vLLM counted. `check` prints, per twin and
 metric, predicted, measured (mean of the live runs), error and the live runs' spread (max - min over
 mean). A measurement script, not a test: until `calibrate --report` reports the spread itself.
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from coopsched.core import SchedulerConfig
+from harness.calibrate import fit as fits
 from harness.calibrate import server_params, target, twin
 from harness.live import client
 from harness.run import metrics
@@ -85,7 +86,7 @@ def twin_config(profile: Profile, speculates: bool) -> SchedulerConfig:
 def refit(profile: Profile, probes: list[dict[int, float]]) -> Profile:
     """The profile with its step costs from the probes taken beside the live runs (their means)."""
     batches = sorted(set.intersection(*(set(p) for p in probes)))
-    ms = server_params.fit.monotone([float(np.mean([p[b] for p in probes])) for b in batches])
+    ms = fits.monotone([float(np.mean([p[b] for p in probes])) for b in batches])
     points = [[b, round(v, 4)] for b, v in zip(batches, ms)]
     k = int(profile.server_params.get("num_speculative_tokens") or 0)
     verify = [[b * (k + 1), v] for b, v in points] if k else [points[0]]
@@ -99,7 +100,7 @@ def check(args: argparse.Namespace) -> int:
     scrape = lambda: client.try_scrape(server.url)
     for i in range(args.runs):  # --refit: one step's cost probed beside each live run, on the same machine
         if args.refit:
-            probes.append(server_params.step_costs(server, scrape, (1, 2, 4, 8), repeats=1))
+            probes.append(server_params.vllm.step_costs(server, scrape, (1, 2, 4, 8), repeats=1))
         live.append(target.measure_workload(server, scenario.requests, 1000 + i))
     measured, spreads = figures(live), spread(live)
     if probes:

@@ -266,7 +266,7 @@ def test_the_twin_is_llama_cpps_and_predicts_a_held_out_workload(llama, tmp_path
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     profile = json.loads(profile_path.read_text())
     server = target.Server.connect(url)
-    evidence = server_params.calibrate_llamacpp(profile, server)
+    evidence = server_params.llamacpp.calibrate_llamacpp(profile, server)
     params = profile["server_params"]
     assert params["parallel"] == 4 and params["draft_model"] is (config == "draft"), evidence
     if config == "draft":

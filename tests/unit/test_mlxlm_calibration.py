@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.calibrate import fit
-from harness.calibrate.server_params import cluster_sizes, prefill_line, round_per_token, waves_of
+from harness.calibrate.server_params.mlxlm import cluster_sizes, prefill_line, round_per_token, waves_of
 
 LENGTHS = (16, 64, 256, 1024)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.calibrate.server_params import draft_cap, frontend_overhead, llamacpp_reported, step_ms
+from harness.calibrate.server_params.llamacpp import draft_cap, frontend_overhead, llamacpp_reported, step_ms
 
 PROPS = {"total_slots": 4, "default_generation_settings": {"n_ctx": 1024}}
 SLOTS = [{"id": i, "speculative": True, "n_ctx": 1024} for i in range(4)]

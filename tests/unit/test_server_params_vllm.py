@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.calibrate import fit
-from harness.calibrate import server_params as sp
+from harness.calibrate.server_params import vllm as sp
 
 LABELS = 'engine="0",model_name="m"'
 

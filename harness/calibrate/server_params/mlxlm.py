@@ -1,0 +1,183 @@
+"""mlx_lm.server: serialization under a draft model, its decode cap and prompt batch, its waves."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from harness.calibrate import fit
+from harness.calibrate.target import Server, arrivals_ms, text_prompt
+
+from .kinds import Fitted, Say
+
+SERIAL_LONG_MS, SERIAL_DELAY_MS = 1500.0, 50.0  # a request decoding longer than a wave, a second sent
+                                                # soon after it: does the second wait for the first's end?
+CAP_STREAMS, CAP_LONG_MS = 24, 800.0  # more streams than the prefill batch (a decode cap under 24 shows),
+                                      # each decoding long enough to outlast the wave they wait for,
+CAP_EVERY_MS = 5.0                 # sent this far apart: mlx_lm.server listens with a backlog of 5
+WAVE_LONG_MS = 4000.0              # a request decoding this long while probes arrive ...
+WAVE_PROBES, WAVE_EVERY_MS = 12, 100.0  # ... one every 100 ms from 100 ms on
+DEFAULT_NUM_DRAFT = 3              # mlx_lm.server's --num-draft-tokens default
+WAVE_GAP_MS = 40.0                 # first tokens further apart than this start another wave
+
+
+def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
+    """mlx_lm.server: serialization (a draft model is loaded), then for the batched path its decode
+    cap and prefill batch (a concurrency probe) and its wave budget (first tokens' steps); and its
+    prefill line, refitted for the prompts a workload sends."""
+    step_ms = float(profile["decode_ms"][0][1])  # a decode step at the smallest batch
+    cost, evidence = prefill_line(fitted, profile.get("jitter_quantiles") or {})
+    say(f"mlx-lm: {evidence['prefill']['says']}")
+    serial, evidence["serial"] = serial_probe(server, step_ms)
+    say(f"mlx-lm: {evidence['serial']['says']}")
+    if serial:  # --num-draft-tokens is not told apart by timing (rounds arrive close together): its default
+        cost.update(round_per_token(evidence["serial"], profile, say))
+        return {"draft_model": True}, evidence, cost
+    cap, prompt, evidence["concurrency"] = concurrency_probe(server, step_ms, float(profile["decode_ms"][-1][1]))
+    say(f"mlx-lm: {evidence['concurrency']['says']}")
+    wave, evidence["waves"] = wave_probe(server, step_ms)
+    say(f"mlx-lm: {evidence['waves']['says']}")
+    params = {"draft_model": False, "wave_ms": wave}
+    params.update({k: v for k, v in (("decode_concurrency", cap), ("prompt_concurrency", prompt)) if v})
+    return params, evidence, cost
+
+
+def round_per_token(serial: dict, profile: dict, say: Say) -> dict:
+    """A round's price from the long serialized stream's mean gap: the rounds' own gaps (timed where
+    arrivals group) miss the time inside a group, so the twin's tokens came 30% faster than live."""
+    itl = serial["long_itl_ms"]
+    accept = profile.get("accept_prob")
+    if itl is None or accept is None:
+        return {}
+    k = DEFAULT_NUM_DRAFT + 1
+    round_ms = round(itl * fit.expected_tokens_per_round(accept, k), 4)
+    say(f"mlx-lm: a lone speculative stream took {itl:.3f} ms a token: a round of K = {k} at acceptance "
+        f"{accept:.2f} is {round_ms:.2f} ms")
+    return {"round_ms": [[k, round_ms]], "verify_ms": [[1, round_ms], [k, round_ms]]}
+
+
+def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
+    """One TTFT line over every lone request (mlx_lm.server ignores `speculative`, so its classic and
+    speculative probes took one path), fitted on relative error: a least-squares line through prompts
+    of 16 to 1024 tokens follows the longest (attention grows past linear) and prices a 40-token
+    prompt at twice its TTFT. The twin's first token is priced by this line, drafter or not."""
+    points = [(x, y) for key in ("prefill", "slice0") for x, y, *_ in (fitted.get(key) or {}).get("points", [])]
+    xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    keep = ys > 0
+    slope, fixed = np.polyfit(xs[keep], ys[keep], 1, w=1.0 / ys[keep])
+    if fixed < 0:  # no negative fixed cost: the line through the origin, same weights
+        slope, fixed = float(np.sum(xs[keep] / ys[keep]) / np.sum((xs[keep] / ys[keep]) ** 2)), 0.0
+    ratios = [float(y / (fixed + slope * x)) for x, y in zip(xs[keep], ys[keep])]
+    residuals = [r - 1 for r in ratios]
+    cost = {"prefill_fixed_ms": round(float(fixed), 4), "prefill_per_token_ms": round(float(slope), 5),
+            "draft_prefill_per_token_ms": 0.0,  # the spread around this line, not the old one's
+            "jitter_quantiles": {**quantiles, "prefill": fit.jitter_quantiles(ratios)}}
+    says = (f"TTFT of {int(keep.sum())} lone requests ({int(xs.min())}-{int(xs.max())} tokens), on relative "
+            f"error: {fixed:.2f} ms + {slope:.4f} ms a token (median |residual| "
+            f"{float(np.median(np.abs(residuals))):.0%})")
+    return cost, {"prefill": {**{k: v for k, v in cost.items() if k != "jitter_quantiles"}, "says": says}}
+
+
+def _times(got) -> list[float]:
+    times, counts = arrivals_ms(got)
+    return [t for t, n in zip(times, counts) for _ in range(n)]
+
+
+def serial_probe(server: Server, step_ms: float) -> tuple[bool, dict]:
+    """A long request, and a short one sent just after it: serialized when the short one's first token
+    follows the long one's last (the long one outlasts a wave, so waves alone do not delay it so)."""
+    long_tokens = int(SERIAL_LONG_MS / max(step_ms, 0.5))
+    bodies = [server.body(text_prompt(16, "serial:long"), long_tokens, True),
+              server.body(text_prompt(16, "serial:short"), 8, True)]
+    outs = server.together(bodies, [0.0, SERIAL_DELAY_MS])
+    origin = min(o.sent_ns for o in outs)
+    a, b = ([t + (o.sent_ns - origin) / 1e6 for t in _times(o)] for o in outs)
+    serial = b[0] >= a[-1]
+    itl = (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else None
+    says = (f"a request sent {SERIAL_DELAY_MS:.0f} ms after a long one got its first token {b[0] - a[-1]:.1f} ms "
+            "after the long one's last: one request at a time (a draft model is loaded)" if serial else
+            f"a request sent {SERIAL_DELAY_MS:.0f} ms after a long one got its first token at {b[0]:.0f} ms, "
+            f"{a[-1] - b[0]:.0f} ms before the long one's last: the batched path")
+    return serial, {"serial": serial, "first_ms": [a[0], b[0]], "last_ms": [a[-1], b[-1]], "long_itl_ms": itl,
+                    "says": says}
+
+
+def concurrency_probe(server: Server, step_ms: float, batch_step_ms: float) -> tuple[int | None, int | None, dict]:
+    """A long request, then CAP_STREAMS more just after it (so they join it together, in one wave):
+    the most streams decoding at once (the decode cap, when under all of them) and how many first
+    tokens come out of one step (the prefill batch)."""
+    tokens = int(CAP_LONG_MS / max(batch_step_ms, 0.5))
+    bodies = [server.body(text_prompt(16, "cap:anchor"), int(2 * SERIAL_LONG_MS / max(step_ms, 0.5)), False)]
+    bodies += [server.body(text_prompt(16, f"cap:{i}"), tokens, False) for i in range(CAP_STREAMS)]
+    outs = server.together(bodies, [0.0] + [SERIAL_DELAY_MS + CAP_EVERY_MS * i for i in range(CAP_STREAMS)])
+    origin = min(o.sent_ns for o in outs)
+    spans = [(t[0], t[-1]) for t in ([x + (o.sent_ns - origin) / 1e6 for x in _times(o)] for o in outs) if t]
+    most = max(sum(first <= t <= last for first, last in spans) for t, _ in spans)
+    cap = most if most < len(spans) else None
+    firsts = sorted(first for first, _ in spans[1:])
+    sizes = cluster_sizes(firsts, max(0.5 * step_ms, 0.5))
+    # the largest group: once a decode cap binds, rows join one or two at a time as others finish
+    prompt = max(sizes) if len(sizes) > 1 else None
+    says = (f"{len(spans) - 1} requests sent just after a long one: at most {most} of the {len(spans)} decoded at "
+            "once " + ("(the decode cap)" if cap else f"(no cap under {len(spans)}: the default is kept)")
+            + f"; their first tokens came {len(sizes)} steps in groups of {sizes}"
+            + (f" (prefill batch {prompt})" if prompt else " (one group: the prefill batch is not seen)"))
+    return cap, prompt, {"streams": len(spans), "most_decoding": most, "first_token_groups": sizes,
+                         "says": says}
+
+
+def cluster_sizes(times: Sequence[float], gap_ms: float) -> list[int]:
+    """Sizes of the runs of sorted times closer than gap_ms to their neighbour."""
+    sizes = [1] if times else []
+    for a, b in itertools.pairwise(times):
+        if b - a > gap_ms:
+            sizes.append(1)
+        else:
+            sizes[-1] += 1
+    return sizes
+
+
+def wave_probe(server: Server, step_ms: float) -> tuple[float, dict]:
+    """A long request decodes while probes arrive every WAVE_EVERY_MS: a server that inserts requests
+    in waves gives them first tokens in clusters, one per wave; wave_ms is the clusters' spacing."""
+    long_tokens = int(WAVE_LONG_MS / max(step_ms, 0.5))
+    bodies = [server.body(text_prompt(16, "wave:long"), long_tokens, False)]
+    bodies += [server.body(text_prompt(16, f"wave:{i}"), 2, False) for i in range(WAVE_PROBES)]
+    offsets = [0.0] + [WAVE_EVERY_MS * (i + 1) for i in range(WAVE_PROBES)]
+    outs = server.together(bodies, offsets)
+    origin = min(o.sent_ns for o in outs)
+    long_last = _times(outs[0])[-1] + (outs[0].sent_ns - origin) / 1e6
+    probes = [o for o in outs[1:] if o.arrivals]
+    sent = [(o.sent_ns - origin) / 1e6 for o in probes]
+    ttfts = [_times(o)[0] for o in probes]
+    firsts = [t + f for t, f in zip(sent, ttfts)]
+    wave, starts, spacing = waves_of(sent, ttfts, long_last)
+    if wave:
+        says = (f"probes arriving every {WAVE_EVERY_MS:.0f} ms while a request decoded got first tokens in "
+                f"{len(spacing) + 1} waves {', '.join(f'{s:.0f}' for s in spacing)} ms apart (TTFT up to "
+                f"{max(ttfts):.0f} ms): wave_ms {wave}, their mean spacing")
+    else:
+        says = f"probes arriving while a request decoded started at once (TTFT at most {max(ttfts):.0f} ms): no waves"
+    if long_last < max(firsts):
+        says += f" (the long request ended at {long_last:.0f} ms, before the last probe started: fewer waves seen)"
+    return wave, {"wave_starts_ms": [round(s, 1) for s in starts], "ttft_ms": [round(t, 1) for t in ttfts],
+                  "long_ended_ms": round(long_last, 1), "wave_ms": wave, "says": says}
+
+
+def waves_of(sent_ms: Sequence[float], ttfts: Sequence[float], long_last: float) -> tuple[float, list, list]:
+    """(wave_ms, wave starts, their spacing) from probes in the order sent: a probe whose TTFT is
+    WAVE_GAP_MS above its predecessor's missed the wave that took it, and starts the next; a wave starts
+    at its earliest first token. Only waves while the long request ran count (after it the batch
+    drains and a probe starts at once); no waves when every TTFT is under 2 x WAVE_GAP_MS."""
+    waves: list[list[float]] = []
+    for i, (sent, ttft) in enumerate(zip(sent_ms, ttfts)):
+        if not waves or ttft > ttfts[i - 1] + WAVE_GAP_MS:
+            waves.append([])
+        waves[-1].append(sent + ttft)
+    starts = [min(w) for w in waves]
+    running = [t for t in starts if t <= long_last]
+    spacing = [b - a for a, b in itertools.pairwise(running)]
+    wave = (running[-1] - running[0]) / (len(running) - 1) if len(running) > 1 else 0.0
+    return (round(wave, 1) if max(ttfts, default=0.0) > 2 * WAVE_GAP_MS else 0.0), starts, spacing

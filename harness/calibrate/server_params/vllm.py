@@ -1,0 +1,203 @@
+"""vLLM: its running cap, step cost per batch, K and ngram acceptance from its own /metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.calibrate import fit
+from harness.calibrate.target import Server, arrivals_ms, text_prompt
+from harness.live import client
+
+from .kinds import Fitted, Say
+
+VLLM_PROBE_REQUESTS, VLLM_PROBE_TOKENS = 16, 48
+VLLM_DEFAULT_MAX_NUM_SEQS = 128   # vLLM for CPU: `--max-num-seqs` of its OpenAI server, when the probe sees no cap
+VLLM_DEFAULT_BATCHED_TOKENS = 2048  # ... and its `--max-num-batched-tokens`
+STEPS = "vllm:iteration_tokens_total_count"
+
+
+@dataclass
+class VllmFit:
+    """What fit_vllm finds as it goes: each evidence line is said when it is found."""
+    say: Say
+    params: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)      # CostModel terms vLLM's own counts correct
+    lines: list[str] = field(default_factory=list)
+
+    def note(self, line: str) -> None:
+        self.lines.append(line)
+        self.say(f"vllm: {line}")
+
+
+def folded(samples: Mapping[str, float] | None) -> dict[str, float]:
+    """A scrape with every label set summed per metric name."""
+    out: dict[str, float] = {}
+    for name, value in (samples or {}).items():
+        bare = name.split("{", 1)[0]
+        out[bare] = out.get(bare, 0.0) + value
+    return out
+
+
+def spec_positions(samples: Mapping[str, float] | None) -> int:
+    """K: the positions vLLM counts accepted drafts at (one label per proposed token)."""
+    return len({name.split("position=", 1)[1].split(",", 1)[0] for name in samples or {}
+                if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total") and "position=" in name})
+
+
+def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float], k: int) -> tuple[float, str] | None:
+    """(accept_prob for K drafts a row-step, evidence) from the counters' change over the calibration:
+    every decode row-step emits 1 + its accepted drafts, so row-steps = output tokens - first tokens
+    - accepted; rows ngram found no match for propose nothing, and the twin folds them in (it
+    proposes K for every row), so the acceptance is the one that gives the same tokens per row-step."""
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    drafts, drafted = delta.get("vllm:spec_decode_num_drafts_total", 0.0), delta.get(
+        "vllm:spec_decode_num_draft_tokens_total", 0.0)
+    accepted = delta.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+    generated = delta.get("vllm:generation_tokens_total", 0.0)
+    requests = delta.get("vllm:request_success_total", 0.0)
+    row_steps = generated - requests - accepted
+    if not drafted or row_steps <= 0:
+        return None
+    per_step = (generated - requests) / row_steps
+    accept = fit.acceptance_from_tokens(per_step, k + 1)
+    return accept, (f"vllm:spec_decode_*: {accepted:.0f} of {drafted:.0f} draft tokens accepted over {drafts:.0f} "
+                    f"proposals in {row_steps:.0f} row-steps ({drafts / row_steps:.0%} proposed): "
+                    f"{per_step:.3f} tokens a row-step -> accept_prob {accept:.4f} at K={k}")
+
+
+def concurrency_cap(server: Server, num_requests: int = VLLM_PROBE_REQUESTS) -> tuple[int | None, str]:
+    """How many requests the server runs at once: `num_requests` sent together, those whose first token
+    came before any request finished were running together; None when all of them did (no cap seen)."""
+    bodies = [server.body(text_prompt(16, f"probe:{i}"), VLLM_PROBE_TOKENS, False) for i in range(num_requests)]
+    outs = server.together(bodies)
+    origin = min(o.sent_ns for o in outs)
+    firsts, lasts = zip(*[(t[0], t[-1]) for t in (arrivals_ms(o, origin)[0] for o in outs) if t])
+    running = sum(f < min(lasts) for f in firsts)
+    if running >= len(firsts):
+        return None, f"all {len(firsts)} probe requests ran together: no cap below {len(firsts)} seen"
+    return running, (f"{running} of {len(firsts)} probe requests had their first token before the first "
+                     f"finished at {min(lasts):.0f} ms; the others waited for a running place")
+
+
+def vllm_step_ms(server: Server, scrape: Callable[[], dict[str, float] | None], batch: int,
+                 num_tokens: int = VLLM_PROBE_TOKENS) -> float | None:
+    """One engine step with `batch` rows decoding: `batch` requests sent together, the time from the
+    first first token to the last token over the steps vLLM counted between them
+    (`vllm:iteration_tokens_total_count`); the clients' delivery bunching cancels out."""
+    before = folded(scrape())
+    outs = server.together([server.body(text_prompt(16, f"step:{batch}:{i}:{time.monotonic_ns()}"), num_tokens, False)
+                            for i in range(batch)])
+    after = folded(client.settled(scrape))
+    steps = after.get(STEPS, 0.0) - before.get(STEPS, 0.0)
+    origin = min(o.sent_ns for o in outs)
+    times = [arrivals_ms(o, origin)[0] for o in outs]
+    firsts, lasts = [t[0] for t in times if t], [t[-1] for t in times if t]
+    if steps < 2 or not firsts:
+        return None
+    return (max(lasts) - min(firsts)) / (steps - 1)
+
+
+
+def step_costs(server: Server, scrape: Callable[[], dict[str, float] | None],
+               batches: tuple[int, ...], repeats: int = 3) -> dict[int, float]:
+    """The median step per batch size, over `repeats` probes each (round-robin, so load spreads)."""
+    samples: dict[int, list[float]] = {b: [] for b in batches}
+    for _ in range(repeats):
+        for b in batches:
+            ms = vllm_step_ms(server, scrape, b)
+            if ms is not None:
+                samples[b].append(ms)
+    return {b: float(np.median(xs)) for b, xs in samples.items() if xs}
+
+
+def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
+    """What the vllm twin needs beyond the cost fit: max_num_seqs (a concurrency probe), K and the
+    acceptance (vllm:spec_decode_*), one step's cost per batch (iteration counts), and the
+    frontend's share of TTFT (vLLM's own queue and prefill times beside the clients' TTFT)."""
+    out = VllmFit(say)
+    scrape: Callable[[], dict[str, float] | None] = lambda: client.try_scrape(server.url)
+    raw = scrape()
+    if raw is None or STEPS not in folded(raw):
+        raise RuntimeError(f"{server.url}/metrics has no {STEPS}: the vllm twin's step costs are read from vLLM's "
+                           "own counters (start vLLM without --disable-log-stats)")
+    before = folded(raw)
+    cap, why = concurrency_cap(server)
+    out.params["max_num_seqs"] = cap or VLLM_DEFAULT_MAX_NUM_SEQS
+    out.note(f"max_num_seqs {out.params['max_num_seqs']}: {why}"
+             + ("" if cap else f"; vLLM's default {VLLM_DEFAULT_MAX_NUM_SEQS} assumed"))
+    out.params["max_num_batched_tokens"] = VLLM_DEFAULT_BATCHED_TOKENS
+    out.note(f"max_num_batched_tokens {VLLM_DEFAULT_BATCHED_TOKENS}: vLLM's default for its OpenAI server "
+             "(not exposed; it binds only when prompts arriving together exceed it)")
+    k = spec_positions(raw)
+    batches = tuple(b for b in (1, 2, 4, 8) if b <= int(out.params["max_num_seqs"]))
+    steps = step_costs(server, scrape, batches)
+    timed = folded(client.settled(scrape))
+    ttfts = probe_ttfts(server) + hot_ttfts(server)
+    after = folded(client.settled(scrape))
+    points = [[b, round(v, 4)] for b, v in zip(steps, fit.monotone(list(steps.values())))]
+    out.cost.update(decode_ms=points, round_ms=None, draft_per_token_ms=0.0, draft_prefill_per_token_ms=0.0,
+                    fused_padding="ragged", switch_ms=0.0, jitter_quantiles=None)
+    out.note("one step (vllm:iteration_tokens_total between first and last tokens): "
+             + ", ".join(f"B={b} {ms:.2f} ms" for b, ms in points))
+    if k:
+        out.params["num_speculative_tokens"] = k
+        out.cost["verify_ms"] = [[b * (k + 1), ms] for b, ms in points]  # a step verifies 1 + K a row
+        accept = ngram_acceptance(before, after, k)
+        if accept is not None:
+            out.cost["accept_prob"] = round(accept[0], 4)
+            out.note(accept[1])
+    else:
+        out.cost.update(verify_ms=[points[0]], accept_prob=None)
+        out.note("no vllm:spec_decode_num_accepted_tokens_per_pos positions: no speculation configured")
+    _fit_prefill(out, timed, after, ttfts)
+    return out.params, {"vllm": out.lines}, out.cost
+
+
+def _fit_prefill(out: VllmFit, before: Mapping[str, float], after: Mapping[str, float], ttfts: list[float]) -> None:
+    """The TTFT the engine never sees (HTTP, tokenizing, IPC, delivery): the clients' median TTFT
+    (a stalled client's outliers pulled the mean up by half) less vLLM's own mean queue + prefill
+    time over the same requests (`vllm:request_*_time_seconds`).
+    vLLM folds a new prompt into the running rows' one forward, so a prompt adds its tokens to a
+    step, not a second forward's fixed cost (a twin charging that in every mixed step over-predicted
+    ITL): `prefill_fixed_ms` is 0, and a lone request's own step is not priced (predicted early)."""
+    delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in after}
+    count = delta.get("vllm:request_prefill_time_seconds_count", 0.0)
+    if not ttfts or count != len(ttfts):
+        out.note(f"frontend_ms not measured: {len(ttfts)} TTFTs timed, vLLM counted {count:.0f}")
+        return
+    engine = 1e3 * (delta.get("vllm:request_queue_time_seconds_sum", 0.0)
+                    + delta.get("vllm:request_prefill_time_seconds_sum", 0.0)) / count
+    client_ms = float(np.median(ttfts))
+    out.params["frontend_ms"] = round(max(client_ms - engine, 0.0), 3)
+    out.cost["prefill_fixed_ms"] = 0.0
+    out.note(f"frontend_ms {out.params['frontend_ms']}: TTFT {client_ms:.2f} ms at the client (median), "
+             f"{engine:.2f} ms queued + prefilling in vLLM (mean of {count:.0f} requests, lone and "
+             "sent while others decode)")
+
+
+def hot_ttfts(server: Server, num_requests: int = 4) -> list[float]:
+    """TTFTs of two requests decoding and a third sent 60 ms after them (the engine busy)."""
+    out = []
+    for i in range(num_requests):
+        bodies = [server.body(text_prompt(16, f"hot:{i}:{j}:{time.monotonic_ns()}"), n, False)
+                  for j, n in enumerate((32, 32, 8))]
+        for got in server.together(bodies, [0.0, 0.0, 60.0]):
+            times, _ = arrivals_ms(got)
+            out += times[:1]
+    return out
+
+
+def probe_ttfts(server: Server, num_requests: int = 6) -> list[float]:
+    """Lone requests one after another (what the frontend share is measured on); their TTFTs."""
+    ttfts = []
+    for i in range(num_requests):
+        got = server.collect(server.body(text_prompt(32, f"frontend:{i}"), 24, True))
+        times, _ = arrivals_ms(got)
+        if times:
+            ttfts.append(times[0])
+        time.sleep(0.02)
+    return ttfts
