@@ -41,6 +41,7 @@ class StepModel:
     """The Engine's scheduler surface for a server that runs one forward per step over its rows."""
     kind: ClassVar[str] = ""
     PARAMS: ClassVar[tuple[Param, ...]] = ()
+    frontend_ms: float = 0.0  # from a client's send to this scheduler seeing the request (the runner shifts arrivals)
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
                  keep_history: bool = True, vocab: Vocab | None = None) -> None:

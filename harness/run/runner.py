@@ -134,13 +134,13 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
         token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
 
     arrivals = scenario.arrivals(requests)
-    frontend = float(getattr(scheduler, "frontend_ms", 0.0))  # a server model: ms before its scheduler sees a request
-    if frontend and isinstance(arrivals, list):  # open loop: each request reaches the scheduler that much later ...
-        for request in requests:
-            request.arrival_ms += frontend
-    result = Engine(scheduler, backend, clock, on_event=record).run(arrivals, keep_events=False)
-    if frontend and isinstance(arrivals, list):  # ... and its TTFT is counted from when the client sent it
-        for request in requests:
+    frontend = scheduler.frontend_ms if isinstance(scheduler, StepModel) and isinstance(arrivals, list) else 0.0
+    for request in requests if frontend else ():  # open loop: each reaches the scheduler that much later ...
+        request.arrival_ms += frontend
+    try:
+        result = Engine(scheduler, backend, clock, on_event=record).run(arrivals, keep_events=False)
+    finally:
+        for request in requests if frontend else ():  # ... and its TTFT counts from when the client sent it
             request.arrival_ms -= frontend
     return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
                token_times, result.ticks, scheduler, backend)
