@@ -17,6 +17,7 @@ from pathlib import Path
 from coopsched.core import MODES
 from coopsched.twins import KINDS, UNKNOWN
 from harness.calibrate import heldout
+from harness.run.slo import parse_slo
 
 MLX_REPEATS, TARGET_REPEATS, REPORT_RUNS = 5, 3, 5
 
@@ -44,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heldout-requests", type=int, default=heldout.NUM_REQUESTS, metavar="N",
                         help=f"--target --report: requests of each held-out workload run (default "
                              f"{heldout.NUM_REQUESTS})")
+    parser.add_argument("--slo", default=heldout.CAPACITY_SLO, metavar="itl_ms=X,ttft_ms=Y",
+                        help="--target --report: the SLO of the held-out capacity, live and on the twin "
+                             f"(default {heldout.CAPACITY_SLO})")
     parser.add_argument("--server", choices=(*KINDS, UNKNOWN), metavar="KIND",
                         help="--target: the server's kind, whose scheduler the twin runs (default: detected from "
                              f"its /health, /props, /v1/models and /metrics): {', '.join((*KINDS, UNKNOWN))}")
@@ -76,6 +80,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.target and (args.model or args.draft_model):
         console.print("[red]error:[/] --target calibrates a server over HTTP; --model / --draft-model are for MLX")
+        return 2
+    try:
+        parse_slo(args.slo)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc} (calibrate --slo: the held-out capacity's SLO)")
         return 2
     if args.server and not args.target:
         console.print(f"[red]error:[/] --server {args.server} names the kind of a --target server; the MLX "
@@ -240,6 +249,7 @@ def _target(args: argparse.Namespace, console) -> int:
     if args.profile:
         loaded = Profile.load(args.profile)
         the_twin = Profile(loaded.cost, kind, loaded.server_params if kind == loaded.server else {})
+        replaced = json.loads(args.profile.read_text()).get("calibrated", {}).get("replaced") or {}
     else:
         fitted = profile.pop("fit")
         params, server_fit, replaced = _fit_server(kind, server, profile, fitted, console)
@@ -262,7 +272,9 @@ def _target(args: argparse.Namespace, console) -> int:
         report = twin.build_report({config.mode: measured}, predict, runs, meta)
         served = "" if speculates else ", every request classic: the server never speculated"
         _print_report(report, f"the twin vs {server.url} (mode {config.mode}, {runs} runs{served})")
-        report["heldout"] = _heldout(args, server, the_twin, config, console)
+        before = (Profile(CostModel(**{**the_twin.cost.to_json(), **replaced}))
+                  if kind not in ("coopsched", UNKNOWN) else None)  # today's cost-only twin, beside
+        report["heldout"] = _heldout(args, server, the_twin, before, config, console)
         report["load_average"] = [*loads, os.getloadavg()[0]]
         _write(args.report, report)
         _print_heldout(report["heldout"], server.url, kind)
@@ -321,9 +333,9 @@ def report_meta(url: str, profile: Path, loads: list[float], speculates: bool, k
             "server": kind, "server_evidence": evidence}
 
 
-def _heldout(args: argparse.Namespace, server, the_twin, config, console) -> dict:
+def _heldout(args: argparse.Namespace, server, the_twin, before, config, console) -> dict:
     """The held-out workloads live (fresh prompts every run: a prefix cache must not answer them)
-    and on the twin, behind a progress bar."""
+    and on the twin (and `before`, the cost-only twin, beside it), behind a progress bar."""
     import itertools
 
     from harness.calibrate import target, twin
@@ -336,9 +348,10 @@ def _heldout(args: argparse.Namespace, server, the_twin, config, console) -> dic
 
     with _progress(console) as progress:
         task = progress.add_task("held-out workloads", total=None)
-        return heldout.check(live, lambda scen: twin.simulate_timed(the_twin, config, scen, heldout.SEED),
-                             heldout.solo_life_ms(the_twin.cost), args.heldout_requests,
-                             progress=lambda label: progress.update(task, description=label))
+        on = lambda profile: lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED)
+        return heldout.check(live, on(the_twin), heldout.solo_life_ms(the_twin.cost), args.heldout_requests,
+                             progress=lambda label: progress.update(task, description=label),
+                             before=on(before) if before else None, slo=parse_slo(args.slo))
 
 
 def _print_heldout(report: dict, url: str, kind: str) -> None:

@@ -3,18 +3,21 @@ the requests speculative, one light and one near the server's knee (found by a s
 doubling rates), each run LIVE_RUNS times live and once on the twin. Per metric: predicted, measured
 (the mean of the live runs), error = predicted / measured - 1, and the live runs' own spread
 ((max - min) / mean); a row passes when |error| <= max(its tolerance, SPREAD_FACTOR x spread).
+Classic rows are the requests that asked for no speculation, on both sides (a server that speculates
+every request still serves them). Beside it: the capacity under CAPACITY_SLO on the ladder's rungs,
+live and on the twin, and optionally a second twin ("before": the cost-only profile) per row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from harness.run import metrics
 from harness.run.scenario import Scenario
-from harness.run.slo import Slo
+from harness.run.slo import DEFAULT_ATTAINMENT, Slo, parse_slo
 from harness.run.workload import Lengths, Workload
 from harness.sweep.points import Timed, figures
 
@@ -32,9 +35,10 @@ KEEP_UP = 0.8          # a rung keeps up when its tokens/s per offered request/s
 TTFT_RISE = 3.0        # ... and its TTFT p50 stays under this x the light's (a queue has not formed)
 RULE = (f"|error| <= max(tolerance, {SPREAD_FACTOR:g} x spread); spread = (max - min) / mean of the "
         f"{LIVE_RUNS} live runs; tolerances: " + ", ".join(f"{m} {t:.0%}" for m, t in TOLERANCE.items()))
-NO_SLO = Slo(itl_ms=1e12, ttft_ms=1e12)  # figures() wants one; the check reads no attainment
+CAPACITY_SLO = "itl_ms=250,ttft_ms=2000"  # the capacity's SLO: every gap and the TTFT of a request
 
 Run = Callable[[Scenario, int], list[Timed]]  # (scenario at a rate, run index) -> the requests as served
+Predict = Callable[[Scenario], list[Timed]]   # a twin: scenario -> the requests as it serves them
 
 
 def workload(rate_per_s: float, num_requests: int = NUM_REQUESTS) -> Scenario:
@@ -56,15 +60,27 @@ def light_rate(solo_life_ms: float) -> float:
     return round(LIGHT_IN_FLIGHT * 1000.0 / max(solo_life_ms, 1.0), 3)
 
 
-def run_figures(timed: Sequence[Timed]) -> dict[str, float | None]:
-    """The METRICS of one run: the sweep point's figures and the mean of every inter-token gap."""
+def by_ask(scen: Scenario, timed: Sequence[Timed]) -> list[Timed]:
+    """The run's requests, classic when they asked for no speculation: vLLM with ngram and llama.cpp
+    with a draft model speculate every request, and their classic rows are still the workload's."""
+    asked = {spec.id: spec.speculative for spec in scen.specs(SEED)}
+    return [replace(t, speculative=asked[t.id]) for t in timed]
+
+
+def run_figures(timed: Sequence[Timed], slo: Slo) -> dict[str, float | None]:
+    """The METRICS of one run (the sweep point's figures and the mean of every inter-token gap), and
+    its attainment of `slo`."""
     failed = [t for t in timed if t.error]
     if failed:
         raise RuntimeError(f"held-out run: {len(failed)} of {len(timed)} requests failed, first: {failed[0].error}")
-    point = figures(timed, NO_SLO)
+    point = figures(timed, slo)
     gaps = [g for t in timed for g in metrics.itl(t.token_times_ms)]
     point["itl_mean_ms"] = float(np.mean(gaps)) if gaps else None
-    return {m: point[m] for m in METRICS}
+    return {m: point[m] for m in (*METRICS, "slo_attainment")}
+
+
+def _r4(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def row(metric: str, predicted: float | None, runs: Sequence[float | None]) -> dict:
@@ -74,68 +90,106 @@ def row(metric: str, predicted: float | None, runs: Sequence[float | None]) -> d
     spread = (max(values) - min(values)) / measured if measured else None
     error = predicted / measured - 1 if predicted is not None and measured else None
     allowed = max(TOLERANCE[metric], SPREAD_FACTOR * spread) if spread is not None else None
-    r4 = lambda v: None if v is None else round(v, 4)
-    return {"predicted": r4(predicted), "measured": r4(measured), "error": r4(error), "spread": r4(spread),
-            "tolerance": TOLERANCE[metric], "allowed": r4(allowed),
+    return {"predicted": _r4(predicted), "measured": _r4(measured), "error": _r4(error), "spread": _r4(spread),
+            "tolerance": TOLERANCE[metric], "allowed": _r4(allowed),
             "pass": None if error is None or allowed is None else bool(abs(error) <= allowed + 1e-12),
-            "runs": [r4(v) for v in runs]}
+            "runs": [_r4(v) for v in runs]}
 
 
-def compare(predicted: dict, live: Sequence[dict]) -> dict:
-    """{metric: row} and the verdict: every judged row passes (a row with no value is not judged)."""
+def compare(predicted: dict, live: Sequence[dict], before: dict | None = None) -> dict:
+    """{metric: row} and the verdict: every judged row passes (a row with no value is not judged).
+    `before`, a second twin's figures, is set beside each row and not judged."""
     rows = {m: row(m, predicted[m], [run[m] for run in live]) for m in METRICS}
+    for metric, r in rows.items() if before is not None else ():
+        b, measured = before[metric], r["measured"]
+        r["before"] = {"predicted": _r4(b), "error": _r4(b / measured - 1) if b is not None and measured else None}
     judged = [r["pass"] for r in rows.values() if r["pass"] is not None]
     return {"rows": rows, "pass": bool(judged) and all(judged)}
 
 
 @dataclass(frozen=True)
 class Rung:
+    """One rate of the ladder: its live run's figures, and the twins' attainment of the SLO there."""
     rate_per_s: float
     figures: dict
     keeps_up: bool
+    twins: dict  # {"twin": attainment, "before": attainment}
 
     def to_json(self) -> dict:
         return {"rate_per_s": self.rate_per_s, "keeps_up": self.keeps_up,
-                **{k: None if v is None else round(v, 4) for k, v in self.figures.items()}}
+                **{k: _r4(v) for k, v in self.figures.items()},
+                **{f"{name}_slo_attainment": _r4(v) for name, v in self.twins.items()}}
 
 
-def ladder(live: Run, light: float, num_requests: int, rungs: int = LADDER_RUNGS) -> tuple[float, list[Rung]]:
-    """Doubling rates from the light one, each run once live, until one no longer keeps up (see
-    KEEP_UP, TTFT_RISE): the knee is the last doubling that kept up, else the first doubling."""
-    base = run_figures(live(workload(light, num_requests), 0))
-    out = [Rung(light, base, True)]
+def ladder(live: Run, twins: dict[str, Predict], light: float, num_requests: int, slo: Slo,
+           rungs: int = LADDER_RUNGS) -> tuple[float, list[Rung]]:
+    """Doubling rates from the light one, each run once live (and on the twins), until one no longer
+    keeps up (see KEEP_UP, TTFT_RISE): the knee is the last doubling that kept up, else the first."""
+    def rung(rate: float, keeps: Callable[[dict], bool]) -> Rung:
+        scen = workload(rate, num_requests)
+        got = run_figures(by_ask(scen, live(scen, 0)), slo)
+        on_twins = {name: run_figures(by_ask(scen, predict(scen)), slo)["slo_attainment"]
+                    for name, predict in twins.items()}
+        return Rung(rate, got, keeps(got), on_twins)
+
+    out = [rung(light, lambda _: True)]
+    base = out[0].figures
     per_request = (base["aggregate_tok_s"] or 0.0) / light
     for i in range(1, rungs + 1):
         rate = round(light * 2 ** i, 3)
-        got = run_figures(live(workload(rate, num_requests), 0))
-        keeps = ((got["aggregate_tok_s"] or 0.0) / rate >= KEEP_UP * per_request
-                 and (got["ttft_p50_ms"] or 0.0) <= TTFT_RISE * max(base["ttft_p50_ms"] or 0.0, 1.0))
-        out.append(Rung(rate, got, keeps))
-        if not keeps:
+        out.append(rung(rate, lambda got, rate=rate: (
+            (got["aggregate_tok_s"] or 0.0) / rate >= KEEP_UP * per_request
+            and (got["ttft_p50_ms"] or 0.0) <= TTFT_RISE * max(base["ttft_p50_ms"] or 0.0, 1.0))))
+        if not out[-1].keeps_up:
             break
     kept = [r.rate_per_s for r in out if r.keeps_up]
     return (kept[-1] if len(kept) > 1 else out[min(1, len(out) - 1)].rate_per_s), out
 
 
-def check(live: Run, twin: Callable[[Scenario], list[Timed]], solo_life_ms: float,
-          num_requests: int = NUM_REQUESTS, runs: int = LIVE_RUNS, progress: Callable[[str], None] | None = None
-          ) -> dict:
-    """The held-out report: the ladder, then the light and knee workloads live `runs` times and once
-    on the twin, compared row by row."""
+def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAINMENT) -> dict:
+    """On the ladder's rates, live and on each twin: the highest rate at which it and every lower
+    rate meet the SLO for >= `attainment` of the requests (the sweep's capacity rule; None when the
+    light rate already misses). The ladder's top rate is a lower bound, not a capacity found."""
+    def highest(attained: Sequence[float | None]) -> float | None:
+        best = None
+        for rate, got in zip((r.rate_per_s for r in rungs), attained):
+            if got is None or got < attainment - 1e-9:
+                break
+            best = rate
+        return best
+
+    out: dict = {"slo": slo.to_json(), "attainment": attainment, "rates": [r.rate_per_s for r in rungs],
+                 "live": highest([r.figures["slo_attainment"] for r in rungs])}
+    for name in rungs[0].twins if rungs else ():
+        out[name] = highest([r.twins[name] for r in rungs])
+    out["error"] = _r4(out["twin"] / out["live"] - 1) if out.get("twin") and out["live"] else None
+    out["top_rate_is_a_bound"] = bool(rungs) and out["live"] == rungs[-1].rate_per_s
+    return out
+
+
+def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM_REQUESTS,
+          runs: int = LIVE_RUNS, progress: Callable[[str], None] | None = None, before: Predict | None = None,
+          slo: Slo | None = None) -> dict:
+    """The held-out report: the ladder (and the capacity under `slo` on its rates), then the light and
+    knee workloads live `runs` times and once on the twin (and on `before`), compared row by row."""
     say = progress or (lambda _: None)
+    slo = slo or parse_slo(CAPACITY_SLO)
+    twins = {"twin": twin, **({"before": before} if before else {})}
     light = light_rate(solo_life_ms)
     say(f"knee ladder from {light:g} req/s")
-    knee, rungs = ladder(live, light, num_requests)
+    knee, rungs = ladder(live, twins, light, num_requests, slo)
     out: dict = {"rule": RULE, "requests": num_requests, "seed": SEED, "live_runs": runs,
-                 "ladder": [r.to_json() for r in rungs], "knee_rate_per_s": knee, "workloads": {}}
+                 "ladder": [r.to_json() for r in rungs], "knee_rate_per_s": knee,
+                 "capacity": capacity(rungs, slo), "workloads": {}}
     for name, rate in (("light", light), ("knee", knee)):
         scen = workload(rate, num_requests)
         live_figures = []
         for i in range(runs):
             say(f"{name} workload ({rate:g} req/s) live run {i + 1}/{runs}")
-            live_figures.append(run_figures(live(scen, i)))
-        predicted = run_figures(twin(scen))
-        out["workloads"][name] = {"rate_per_s": rate, **compare(predicted, live_figures)}
+            live_figures.append(run_figures(by_ask(scen, live(scen, i)), slo))
+        predicted = {name: run_figures(by_ask(scen, predict(scen)), slo) for name, predict in twins.items()}
+        out["workloads"][name] = {"rate_per_s": rate,
+                                  **compare(predicted["twin"], live_figures, predicted.get("before"))}
     out["pass"] = all(w["pass"] for w in out["workloads"].values())
     return out
 
@@ -145,16 +199,21 @@ def print_check(console, report: dict, title: str) -> None:
 
     table = Table(title=title, box=None, pad_edge=False, padding=(0, 1), header_style="bold",
                   caption=f"rule: {report['rule']}")
-    for col in ("workload", "metric", "predicted", "measured", "error", "spread", "allowed", "verdict"):
+    before = any("before" in r for w in report["workloads"].values() for r in w["rows"].values())
+    columns = ("workload", "metric", "predicted", "measured", "error", "spread", "allowed", "verdict",
+               *(("before", "its error") if before else ()))
+    for col in columns:
         table.add_column(col, justify="left" if col in ("workload", "metric") else "right", no_wrap=True)
     num = lambda v: "-" if v is None else f"{v:.2f}"
     pct = lambda v: "-" if v is None else f"{v:+.1%}"
     for name, w in report["workloads"].items():
         for metric, r in w["rows"].items():
             verdict = "-" if r["pass"] is None else ("[green]PASS[/]" if r["pass"] else "[red]FAIL[/]")
+            b = r.get("before", {})
             table.add_row(f"{name} {w['rate_per_s']:g}/s", metric, num(r["predicted"]), num(r["measured"]),
                           pct(r["error"]), "-" if r["spread"] is None else f"{r['spread']:.1%}",
-                          "-" if r["allowed"] is None else f"{r['allowed']:.0%}", verdict)
+                          "-" if r["allowed"] is None else f"{r['allowed']:.0%}", verdict,
+                          *((num(b.get("predicted")), pct(b.get("error"))) if before else ()))
         table.add_section()
     console.print(table)
     ladder_text = ", ".join(f"{r['rate_per_s']:g}/s {'ok' if r['keeps_up'] else 'saturated'}"
@@ -165,3 +224,13 @@ def print_check(console, report: dict, title: str) -> None:
                   f"{'[green]PASS[/]' if report['pass'] else '[red]FAIL[/]'}; {wide} of {len(rows)} rows allowed "
                   "more than their tolerance by the live runs' own spread (a loaded machine widens it)",
                   highlight=False, soft_wrap=True)
+    console.print(capacity_line(report["capacity"]), highlight=False, soft_wrap=True)
+
+
+def capacity_line(cap: dict) -> str:
+    rate = lambda v: "none (the light rate misses)" if v is None else f"{v:g} req/s"
+    slo = Slo(**cap["slo"]).describe()
+    twins = "; ".join(f"{name} {rate(cap[name])}" for name in ("twin", "before") if name in cap)
+    bound = " (the ladder's top rate: at least)" if cap["top_rate_is_a_bound"] else ""
+    return (f"capacity under {slo} for >= {cap['attainment']:.0%} of requests, on the ladder's rates: live "
+            f"{rate(cap['live'])}{bound}; {twins}")

@@ -1,15 +1,20 @@
 """The held-out check of `calibrate --report` in virtual time: a jittery mock stands in for the live
 server (each "live" run its own jitter and acceptance draws), and the twin is its profile. The true
-profile passes; one with its decode steps doubled fails the rule; the ladder stops at saturation."""
+profile passes; one with its decode steps doubled fails the rule; the ladder stops at saturation; the
+capacity on the ladder's rates tells the two apart; classic rows are what each request asked."""
+
+from dataclasses import replace
 
 import pytest
 
 from coopsched.core import SchedulerConfig
 from harness.calibrate import heldout, twin
 from harness.run import runner
+from harness.run.slo import Slo
 from harness.sweep.points import Timed
 from mocks import CostModel
 
+DOUBLED_DECODE = lambda cost: CostModel(**{**cost.to_json(), "decode_ms": [[b, 2 * ms] for b, ms in cost.decode_ms]})
 TRUE = CostModel(prefill_fixed_ms=2.0, prefill_per_token_ms=0.2, decode_ms=[[1, 5.0], [8, 9.0]],
                  round_ms=[[4, 30.0]], accept_prob=0.6, jitter=0.2)
 CONFIG = SchedulerConfig(mode="slice", block_size=4)
@@ -38,8 +43,7 @@ def test_the_true_profile_passes_every_row():
 
 
 def test_a_twin_with_doubled_decode_steps_fails():
-    doubled = CostModel(**{**TRUE.to_json(), "decode_ms": [[b, 2 * ms] for b, ms in TRUE.decode_ms]})
-    report = heldout.check(live, predicted_by(doubled), SOLO_MS, num_requests=24)
+    report = heldout.check(live, predicted_by(DOUBLED_DECODE(TRUE)), SOLO_MS, num_requests=24)
     assert report["pass"] is False
     failed = {(name, m) for name, w in report["workloads"].items() for m, r in w["rows"].items() if r["pass"] is False}
     assert ("light", "itl_mean_ms") in failed and ("knee", "itl_mean_ms") in failed, failed
@@ -50,6 +54,34 @@ def test_the_ladder_stops_at_the_first_rung_that_falls_behind():
     rungs = report["ladder"]
     assert [r["keeps_up"] for r in rungs[:-1]] == [True] * (len(rungs) - 1) and rungs[-1]["keeps_up"] is False
     assert report["knee_rate_per_s"] == rungs[-2]["rate_per_s"] > report["workloads"]["light"]["rate_per_s"]
+
+
+def test_the_capacity_on_the_ladder_finds_the_true_twin_and_not_the_slow_one():
+    """An SLO whose capacity is a middle rung: the true twin's is the live one, the doubled decode's
+    is lower; the cost-only twin beside it is reported and never judged."""
+    report = heldout.check(live, predicted_by(TRUE), SOLO_MS, num_requests=24,
+                           before=predicted_by(DOUBLED_DECODE(TRUE)), slo=Slo(ttft_ms=400))
+    cap = report["capacity"]
+    assert cap["rates"] == [r["rate_per_s"] for r in report["ladder"]] and len(cap["rates"]) >= 3, cap
+    assert cap["twin"] == cap["live"] == cap["rates"][1] and cap["error"] == 0.0, cap
+    assert cap["before"] < cap["live"] and cap["top_rate_is_a_bound"] is False, cap
+    assert report["pass"] is True  # the slow twin beside it does not fail the check ...
+    befores = [r["before"]["error"] for w in report["workloads"].values() for r in w["rows"].values()]
+    assert max(abs(e) for e in befores) > 0.25, befores  # ... though its rows are far off
+
+
+def test_classic_rows_are_the_requests_that_asked_for_none():
+    """A server that speculates every request (vLLM with ngram, llama.cpp with a draft model) still
+    has classic rows: the requests that asked for no speculation, on both sides."""
+    everything_speculated = lambda scen, run: [replace(t, speculative=True) for t in live(scen, run)]
+    report = heldout.check(everything_speculated, predicted_by(TRUE), SOLO_MS, num_requests=24)
+    for w in report["workloads"].values():
+        row = w["rows"]["classic_itl_p99_ms"]
+        assert row["measured"] is not None and row["predicted"] is not None and row["pass"] is True, row
+    scen = heldout.workload(2.0, 8)
+    asked = heldout.by_ask(scen, everything_speculated(scen, 0))
+    assert [t.speculative for t in asked] == [s.speculative for s in scen.specs(heldout.SEED)]
+    assert {True, False} == {t.speculative for t in asked}
 
 
 @pytest.mark.parametrize("predicted, runs, verdict", [
