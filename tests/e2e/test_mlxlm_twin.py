@@ -3,9 +3,9 @@ workloads, checked as a user checks it: `coopsched calibrate --target URL --out 
 server pinned to one core and calibrate to the other. The kind is detected, the scheduler parameters
 fitted, and every held-out row (light and knee, three live runs each) within its tolerance or 1.5x
 the live spread; on a quiet machine the cost-only twin (coopsched's scheduler at the timing fit's
-costs) misses a tolerance on the same runs, so the rule can fail. A miss gets one more attempt
-(`--profile P --report R`); a miss then on a machine loaded above one runnable task per core skips,
-naming the load. About a minute.
+costs) misses a tolerance on the same runs, so the rule can fail. A misread parameter or a missed
+row gets one more attempt (calibrated again); a miss then on a machine loaded above one runnable
+task per core skips, naming the load. About a minute an attempt.
 """
 
 from __future__ import annotations
@@ -46,6 +46,14 @@ def missed(held: dict) -> list[str]:
     return [f"{name} {m}" for name, w in held["workloads"].items() for m, r in w["rows"].items() if r["pass"] is False]
 
 
+def misread(params: dict) -> list[str]:
+    """The fitted parameters that are not the server's: its defaults (no draft model, a prompt batch
+    of 8) and its 0.5 s time budget, plus a step."""
+    wrong = [] if params.get("draft_model") is False else [f"draft_model {params.get('draft_model')}"]
+    wrong += [] if params.get("prompt_concurrency") == 8 else [f"prompt_concurrency {params.get('prompt_concurrency')}"]
+    return wrong + ([] if 400 <= params.get("wave_ms", 0) <= 650 else [f"wave_ms {params.get('wave_ms')}"])
+
+
 def test_the_mlx_lm_twin_predicts_a_held_out_workload(tmp_path, tiny_model):
     port = free_port()
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(tiny_model), "--host", "127.0.0.1",
@@ -54,19 +62,19 @@ def test_the_mlx_lm_twin_predicts_a_held_out_workload(tmp_path, tiny_model):
     env = clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hf"), TRANSFORMERS_VERBOSITY="error")
     profile = tmp_path / "p.json"
     with serve(command=on_cpus(SERVER_CPU, command), port=port, env=env) as served:
-        output, report = calibrate(tmp_path, "--target", served.url, "--out", str(profile))
-        if missed(report["heldout"]):  # one more attempt: the neighbours' load moves between the runs
-            output, report = calibrate(tmp_path, "--target", served.url, "--profile", str(profile))
-    calibrated = json.loads(profile.read_text())
+        for _ in range(2):  # one more attempt: the neighbours' load moves between the probes and the runs
+            output, report = calibrate(tmp_path, "--target", served.url, "--out", str(profile))
+            calibrated = json.loads(profile.read_text())
+            wrong, held = misread(calibrated["server_params"]), report["heldout"]
+            if not wrong and not missed(held):
+                break
     assert calibrated["server"] == report["server"] == "mlx-lm", calibrated["calibrated"]["server_evidence"]
-    params = calibrated["server_params"]
-    assert params["draft_model"] is False and params["prompt_concurrency"] == 8, params  # the server's defaults
-    assert 400 <= params["wave_ms"] <= 650, params  # its 0.5 s time budget, plus a step
-    held = report["heldout"]
+    evidence = "\n".join(f"mlx-lm: {probe['says']}" for probe in calibrated["calibrated"]["server_fit"].values())
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if missed(held) and load > cores:  # wall time then measures the neighbours (as tests/mlx/test_twin_mlx.py)
-        pytest.skip(f"at a load average of {load:.1f} on {cores} cores the twin missed {', '.join(missed(held))} "
-                    f"twice:\n{output}")
+    if (wrong or missed(held)) and load > cores:  # wall time then measures the neighbours
+        pytest.skip(f"at a load average of {load:.1f} on {cores} cores, twice: misread {wrong or 'nothing'}, the "
+                    f"twin missed {', '.join(missed(held)) or 'nothing'}:\n{evidence}\n{output}")
+    assert not wrong, f"{wrong}\n{evidence}"
     assert held["pass"] is True and not missed(held), output
     if load > cores:  # the live runs' spread loosened every limit: nothing can miss it
         pytest.skip(f"the mlx-lm twin held; whether the cost-only twin misses is not told at a load average of "
