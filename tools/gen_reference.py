@@ -230,8 +230,8 @@ def collect_outputs(workdir: Path) -> dict[str, list]:
 def calibration_report() -> dict:
     """A `calibrate --target --report` document from the functions the command builds it with, in
     virtual time: the twin's own mock stands in for the live server (no server to start)."""
+    from harness.calibrate import books, heldout, twin
     from harness.calibrate import cli as calibrate
-    from harness.calibrate import heldout, twin
     from harness.run.runner import Profile
     from mocks.cost import CostModel
 
@@ -240,9 +240,12 @@ def calibration_report() -> dict:
     meta = calibrate.report_meta("http://127.0.0.1:8000", Path("profile.json"), [0.0], True, "coopsched",
                                  "/health reports mode='slice' and block_size")
     report = twin.build_report({"slice": runs}, {"slice": runs}, 2, meta)
-    on_twin = lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED)
+    kept: dict = {}  # the step books of llama-server's report, here the twin's own counts on both sides
+    on_twin = lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED,
+                                               on_run=lambda run: kept.update(live=books.twin_books(run)))
     report["heldout"] = heldout.check(lambda scen, _run: on_twin(scen), on_twin,
-                                      heldout.solo_life_ms(profile.cost), num_requests=8)
+                                      heldout.solo_life_ms(profile.cost), num_requests=8,
+                                      books=lambda side: kept.get("live"))
     return report
 
 

@@ -274,7 +274,7 @@ def _target(args: argparse.Namespace, console) -> int:
         _print_report(report, f"the twin vs {server.url} (mode {config.mode}, {runs} runs{served})")
         before = (Profile(CostModel(**{**the_twin.cost.to_json(), **replaced}))
                   if kind not in ("coopsched", UNKNOWN) else None)  # today's cost-only twin, beside
-        report["heldout"] = _heldout(args, server, the_twin, before, config, console)
+        report["heldout"] = _heldout(args, server, the_twin, before, config, console, kind == "llama.cpp")
         report["load_average"] = [*loads, os.getloadavg()[0]]
         _write(args.report, report)
         _print_heldout(report["heldout"], server.url, kind)
@@ -333,25 +333,35 @@ def report_meta(url: str, profile: Path, loads: list[float], speculates: bool, k
             "server": kind, "server_evidence": evidence}
 
 
-def _heldout(args: argparse.Namespace, server, the_twin, before, config, console) -> dict:
+def _heldout(args: argparse.Namespace, server, the_twin, before, config, console, keeps_books: bool) -> dict:
     """The held-out workloads live (fresh prompts every run: a prefix cache must not answer them)
-    and on the twin (and `before`, the cost-only twin, beside it), behind a progress bar."""
+    and on the twin (and `before`, the cost-only twin, beside it), behind a progress bar; with
+    `keeps_books` (llama-server) each run's step books from /metrics beside the twins' counts."""
     import itertools
 
-    from harness.calibrate import target, twin
+    from harness.calibrate import books, target, twin
+    from harness.live import client
 
     prompt_seeds = itertools.count(heldout.SEED * 1000)
+    kept: dict[str, dict | None] = {}  # each side's books of the run it made last
+    scrape = lambda: client.settled(lambda: client.try_scrape(server.url)) if keeps_books else None
 
     def live(scen, _run):
+        scraped = scrape()
         rows = target.measure_workload(server, scen.specs(heldout.SEED), next(prompt_seeds))
+        kept["live"] = books.server_books(scraped, scrape())
         return twin.timed_of(scen.specs(heldout.SEED), rows)
+
+    def on(side, profile):
+        keep = lambda run: kept.__setitem__(side, books.twin_books(run))
+        return lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED, on_run=keep)
 
     with _progress(console) as progress:
         task = progress.add_task("held-out workloads", total=None)
-        on = lambda profile: lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED)
-        return heldout.check(live, on(the_twin), heldout.solo_life_ms(the_twin.cost), args.heldout_requests,
+        return heldout.check(live, on("twin", the_twin), heldout.solo_life_ms(the_twin.cost), args.heldout_requests,
                              progress=lambda label: progress.update(task, description=label),
-                             before=on(before) if before else None, slo=parse_slo(args.slo))
+                             before=on("before", before) if before else None, slo=parse_slo(args.slo),
+                             books=(lambda side: kept.pop(side, None)) if keeps_books else None)
 
 
 def _print_heldout(report: dict, url: str, kind: str) -> None:

@@ -5,7 +5,8 @@ doubling rates), each run LIVE_RUNS times live and once on the twin. Per metric:
 ((max - min) / mean); a row passes when |error| <= max(its tolerance, SPREAD_FACTOR x spread).
 Classic rows are the requests that asked for no speculation, on both sides (a server that speculates
 every request still serves them). Beside it: the capacity under CAPACITY_SLO on the ladder's rungs,
-live and on the twin, and optionally a second twin ("before": the cost-only profile) per row.
+live and on the twin, and optionally a second twin ("before": the cost-only profile) per row, and
+the server's step books beside the twins' (harness/calibrate/books.py) when it keeps them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from harness.calibrate.books import books_line, mean_books
 from harness.run import metrics
 from harness.run.scenario import Scenario
 from harness.run.slo import DEFAULT_ATTAINMENT, Slo, parse_slo
@@ -39,6 +41,7 @@ CAPACITY_SLO = "itl_ms=250,ttft_ms=2000"  # the capacity's SLO: every gap and th
 
 Run = Callable[[Scenario, int], list[Timed]]  # (scenario at a rate, run index) -> the requests as served
 Predict = Callable[[Scenario], list[Timed]]   # a twin: scenario -> the requests as it serves them
+Books = Callable[[str], dict | None]  # side ("live", "twin", "before") -> the books of its run just made
 
 
 def workload(rate_per_s: float, num_requests: int = NUM_REQUESTS) -> Scenario:
@@ -169,9 +172,10 @@ def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAIN
 
 def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM_REQUESTS,
           runs: int = LIVE_RUNS, progress: Callable[[str], None] | None = None, before: Predict | None = None,
-          slo: Slo | None = None) -> dict:
+          slo: Slo | None = None, books: Books | None = None) -> dict:
     """The held-out report: the ladder (and the capacity under `slo` on its rates), then the light and
-    knee workloads live `runs` times and once on the twin (and on `before`), compared row by row."""
+    knee workloads live `runs` times and once on the twin (and on `before`), compared row by row;
+    with `books`, each workload's step books (the live runs' mean, and each twin's)."""
     say = progress or (lambda _: None)
     slo = slo or parse_slo(CAPACITY_SLO)
     twins = {"twin": twin, **({"before": before} if before else {})}
@@ -183,13 +187,18 @@ def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM
                  "capacity": capacity(rungs, slo), "workloads": {}}
     for name, rate in (("light", light), ("knee", knee)):
         scen = workload(rate, num_requests)
-        live_figures = []
+        live_figures, live_books, predicted, kept = [], [], {}, {}
         for i in range(runs):
             say(f"{name} workload ({rate:g} req/s) live run {i + 1}/{runs}")
             live_figures.append(run_figures(by_ask(scen, live(scen, i)), slo))
-        predicted = {name: run_figures(by_ask(scen, predict(scen)), slo) for name, predict in twins.items()}
+            live_books.append(books("live") if books else None)
+        for side, predict in twins.items():
+            predicted[side] = run_figures(by_ask(scen, predict(scen)), slo)
+            kept[side] = books(side) if books else None
         out["workloads"][name] = {"rate_per_s": rate,
                                   **compare(predicted["twin"], live_figures, predicted.get("before"))}
+        if mean_books(live_books) is not None and all(kept.values()):
+            out["workloads"][name]["books"] = {"live": mean_books(live_books), **kept}
     out["pass"] = all(w["pass"] for w in out["workloads"].values())
     return out
 
@@ -225,6 +234,9 @@ def print_check(console, report: dict, title: str) -> None:
                   "more than their tolerance by the live runs' own spread (a loaded machine widens it)",
                   highlight=False, soft_wrap=True)
     console.print(capacity_line(report["capacity"]), highlight=False, soft_wrap=True)
+    for name, w in report["workloads"].items():
+        if "books" in w:
+            console.print(books_line(name, w["books"]), highlight=False, soft_wrap=True)
 
 
 def capacity_line(cap: dict) -> str:

@@ -104,11 +104,14 @@ def simulate(profile: CostModel | runner.Profile, config: SchedulerConfig, seeds
 
 
 def simulate_timed(profile: CostModel | runner.Profile, config: SchedulerConfig, scenario: Scenario,
-                   seed: int) -> list:
-    """One run of a workload scenario on the profile's twin in virtual time, as a sweep point reads it."""
+                   seed: int, on_run: Callable[[runner.Run], None] | None = None) -> list:
+    """One run of a workload scenario on the profile's twin in virtual time, as a sweep point reads it
+    (`on_run` gets the whole run: its ticks and counters)."""
     from harness.sweep.points import Timed
 
     run = runner.execute(runner.priced(scenario, profile), config, seed)
+    if on_run:
+        on_run(run)
     return [Timed(r.id, r.arrival_ms, run.token_times[r.id], r.served_speculatively) for r in run.requests]
 
 

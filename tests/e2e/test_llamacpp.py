@@ -220,77 +220,60 @@ def test_a_concurrency_sweep_counts_llama_cpp_tokens_per_rung(llama, tmp_path, c
     assert ("drafts" in proc.stdout) and ("accepted" in proc.stdout), proc.stdout
 
 
-def test_calibrate_writes_a_profile_and_its_report(llama, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def calibrated(llama, tmp_path_factory):
+    """`calibrate --target URL --out P --report R` once per config: (config, stdout, profile, report)."""
     config, url = llama
-    profile_path, report_path = tmp_path / "profile.json", tmp_path / "report.json"
+    work = tmp_path_factory.mktemp(f"calibrate-{config}")
+    profile_path, report_path = work / "profile.json", work / "report.json"
     proc = coopsched("calibrate", "--target", url, "--out", str(profile_path), "--report", str(report_path),
-                     "--max-batch", "4", "--report-runs", "3", cwd=tmp_path)
+                     "--max-batch", "4", "--report-runs", "3", cwd=work)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0 and profile_path.exists() and report_path.exists(), output[-4000:]
     profile, report = json.loads(profile_path.read_text()), json.loads(report_path.read_text())
-    fit = profile["calibrated"]["fit"]
     RESULTS.record(config, "calibrate", {"profile": {k: v for k, v in profile.items() if k != "jitter_quantiles"},
                                          "report": report, "output": proc.stdout})
-    with capsys.disabled():  # the fit and the --report table, in the tox log
-        print(f"\n-- calibrate --target ({config}) --\n{proc.stdout}")
+    return config, proc.stdout, profile, report
+
+
+def test_calibrate_writes_a_profile_and_its_report(calibrated, capsys):
+    config, stdout, profile, report = calibrated
+    fit = profile["calibrated"]["fit"]
+    with capsys.disabled():  # the fit and the --report tables, in the tox log
+        print(f"\n-- calibrate --target --report ({config}) --\n{stdout}")
     assert profile["calibrated"]["context"] == "/v1/models meta.n_ctx = 1024"  # 4096 over 4 slots
-    assert profile["decode_ms"] and profile["prefill_per_token_ms"] >= 0, output
+    assert profile["decode_ms"] and profile["prefill_per_token_ms"] >= 0, stdout
     if config == "no-draft":
         assert fit["speculates"] is False and profile["round_ms"] is None and profile["accept_prob"] is None
         assert "counted no draft tokens" in fit["unfitted"]["accept_prob"], fit["unfitted"]
-        assert "not fitted: round_ms" in " ".join(proc.stdout.split())
+        assert "not fitted: round_ms" in " ".join(stdout.split())
     else:
         assert fit["speculates"] is True and fit["unfitted"] == {}, fit
         assert fit["server_drafts"]["draft_tokens"] > 0 and 0 < profile["accept_prob"] < 1, fit
-    assert "the twin vs" in proc.stdout and report["speculates"] is (config == "draft")
+    assert "the twin vs" in stdout and report["speculates"] is (config == "draft")
 
 
 # -- the twin: llama.cpp's scheduler at the calibrated costs ------------------------------------
-HELD_OUT_RATE, HELD_OUT_REQUESTS = 5.0, 30
-
-
-def test_the_twin_is_llama_cpps_and_predicts_a_held_out_workload(llama, tmp_path, capsys):
-    """Detected as llama.cpp; calibrated (costs, then the server params); a held-out open-loop
-    workload live RUNS times vs the twin: aggregate tokens/s within the rule (10%, or 1.5x the live
-    spread), and with a draft model the twin drafts as often as the server counted, where
-    coopsched's own scheduler (the twin before) speculates only the speculative half."""
-    from harness.calibrate import llamacpp_check as heldout
-    from harness.calibrate import server_params, target, twin
-    from harness.calibrate.detect import detect_kind
-
-    config, url = llama
-    kind, why = detect_kind(url)
-    assert kind == "llama.cpp", why
-    profile_path = tmp_path / "profile.json"
-    proc = coopsched("calibrate", "--target", url, "--out", str(profile_path), "--max-batch", "4", cwd=tmp_path)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    profile = json.loads(profile_path.read_text())
-    server = target.Server.connect(url)
-    evidence = server_params.llamacpp.calibrate_llamacpp(profile, server)
+def test_the_twin_is_llama_cpps_and_predicts_a_held_out_workload(calibrated):
+    """Detected as llama.cpp, its server params as started; on the report's held-out light and knee
+    workloads (3 live runs each) aggregate tokens/s within the rule (10%, or 1.5x the live spread);
+    and with a draft model the twin drafts as often as the server's /metrics counted, where
+    coopsched's own scheduler (the cost-only twin beside it) speculates only the speculative half."""
+    config, stdout, profile, report = calibrated
+    assert profile["server"] == report["server"] == "llama.cpp", report["server_evidence"]
     params = profile["server_params"]
-    assert params["parallel"] == 4 and params["draft_model"] is (config == "draft"), evidence
+    assert params["parallel"] == 4 and params["draft_model"] is (config == "draft"), params
     if config == "draft":
-        assert params["spec_draft_n_max"] == 3, evidence
-    profile_path.write_text(json.dumps(profile))
-    speculates = profile["calibrated"]["fit"]["speculates"]
-    scenario = heldout.workload(HELD_OUT_RATE, HELD_OUT_REQUESTS)
-    scenario = scenario if speculates else twin.classic(scenario)
-    books: list = []
-    measured = heldout.figures(heldout.live(server, scenario, RUNS, counters=books))
-    models = heldout.twins(profile_path, server, speculates)
-    rows, steps = {}, {"live": heldout.mean_counters(books)}
-    for name, (p, c) in models.items():
-        runs, counted = heldout.simulate(p, scenario, c, range(RUNS))
-        rows[name], steps[name] = heldout.error_row(heldout.figures(runs), measured), heldout.mean_counters(counted)
-    RESULTS.record(config, "twin", {"params": params, "evidence": evidence, "rows": rows, "steps": steps})
-    with capsys.disabled():
-        print(f"\n-- the twin vs llama-server ({config}) --")
-        for metric, row in rows["llama.cpp"].items():
-            print(f"  {metric}: predicted {row['predicted']:.2f}, live {row['measured']:.2f}, error "
-                  f"{row['error']:+.1%}, spread {row['spread']:.1%}, within: {row['within']}")
-        print(f"  books: {steps}")
-    assert rows["llama.cpp"]["aggregate_tok_s"]["within"], rows["llama.cpp"]
-    if config == "draft":
-        live_drafts = steps["live"]["drafts"]
-        assert abs(steps["llama.cpp"]["drafts"] / live_drafts - 1) <= 0.15, steps
-        assert steps["coopsched"]["drafts"] < 0.75 * live_drafts, steps  # the twin before misses it
+        assert params["spec_draft_n_max"] == 3, params
+    workloads = report["heldout"]["workloads"]
+    RESULTS.record(config, "twin", {"params": params, "heldout": report["heldout"]})
+    for name, w in workloads.items():
+        assert w["rows"]["aggregate_tok_s"]["pass"] is True, (name, w["rows"]["aggregate_tok_s"], stdout[-3000:])
+        books = w["books"]  # llama-server's own books: every run scraped, every twin counted
+        assert set(books) == {"live", "twin", "before"} and books["live"]["steps"] > 0, books
+        if config == "draft":
+            live_drafts = books["live"]["drafts"]
+            assert abs(books["twin"]["drafts"] / live_drafts - 1) <= 0.15, (name, books)
+            assert books["before"]["drafts"] < 0.75 * live_drafts, (name, books)  # the twin before misses it
+        else:
+            assert books["live"]["drafts"] == books["twin"]["drafts"] == 0, (name, books)

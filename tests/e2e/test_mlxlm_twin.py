@@ -1,28 +1,30 @@
-"""The mlx-lm twin predicts mlx_lm.server (tiny model, no draft model) on a held-out open-loop
-workload: calibrated as a user would (tools/mlxlm_twin.py calibrate: `calibrate --target`'s cost terms,
-then the scheduler parameters the server does not report), then the workload live three times and on
-the twin. Every metric within its target or 1.5x the live runs' spread; on a quiet machine the cost-only
-twin (coopsched's scheduler at the same costs) misses on the same runs, so the rule can fail (under load
-the spread widens every limit and that half is skipped, naming the load; a miss on a machine loaded
-above one runnable task per core, after one more attempt, skips with the errors). ~1.5-2.5 minutes.
+"""The mlx-lm twin predicts mlx_lm.server (tiny model, no draft model) on held-out open-loop
+workloads, checked as a user checks it: `coopsched calibrate --target URL --out P --report R`, the
+server pinned to one core and calibrate to the other. The kind is detected, the scheduler parameters
+fitted, and every held-out row (light and knee, three live runs each) within its tolerance or 1.5x
+the live spread; on a quiet machine the cost-only twin (coopsched's scheduler at the timing fit's
+costs) misses a tolerance on the same runs, so the rule can fail. A misread parameter or a missed
+row gets one more attempt (calibrated again); a miss then on a machine loaded above one runnable
+task per core skips, naming the load. About a minute an attempt.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from e2e_servers import clean_env, serve
+from interop_runs import SERVER_CPU, coopsched, on_cpus
 
 from harness.calibrate.heldout import TOLERANCE
 from harness.live.client import free_port
 
 pytestmark = pytest.mark.e2e
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "mlxlm_twin.py"
+# bounded for the default e2e run: 2 calibration passes, 1 run of the small fixed workload, 16 requests
+# a held-out run (the light one, at about half a request in flight, is most of the minute)
+BOUNDS = ("--repeats", "2", "--report-runs", "1", "--heldout-requests", "16")
 
 
 @pytest.fixture(scope="module")
@@ -33,40 +35,50 @@ def tiny_model():
     return ensure_tiny_models()[0]
 
 
-def tool(*args: str) -> str:
-    proc = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=400,
-                          env=clean_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+def calibrate(tmp_path, *args: str) -> tuple[str, dict]:
+    report = tmp_path / "r.json"
+    proc = coopsched("calibrate", *args, "--report", str(report), *BOUNDS, cwd=tmp_path, timeout_s=400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout, json.loads(report.read_text())
+
+
+def missed(held: dict) -> list[str]:
+    return [f"{name} {m}" for name, w in held["workloads"].items() for m, r in w["rows"].items() if r["pass"] is False]
+
+
+def misread(params: dict) -> list[str]:
+    """The fitted parameters that are not the server's: its defaults (no draft model, a prompt batch
+    of 8) and its 0.5 s time budget, plus a step."""
+    wrong = [] if params.get("draft_model") is False else [f"draft_model {params.get('draft_model')}"]
+    wrong += [] if params.get("prompt_concurrency") == 8 else [f"prompt_concurrency {params.get('prompt_concurrency')}"]
+    return wrong + ([] if 400 <= params.get("wave_ms", 0) <= 650 else [f"wave_ms {params.get('wave_ms')}"])
 
 
 def test_the_mlx_lm_twin_predicts_a_held_out_workload(tmp_path, tiny_model):
     port = free_port()
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(tiny_model), "--host", "127.0.0.1",
                "--port", str(port), "--log-level", "WARNING"]
-    profile, report = tmp_path / "p.json", tmp_path / "r.json"
-    with serve(command=command, port=port, env=clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")) \
-            as served:
-        tool("calibrate", served.url, str(profile))
-        for _ in range(2):  # one more attempt: the neighbours' load moves between calibration and the runs
-            output = tool("check", served.url, str(profile), "--rate", "4", "--requests", "30", "--runs", "3",
-                          "--json", str(report))
-            metrics = json.loads(report.read_text())["metrics"]
-            if all(row["after"]["within"] for row in metrics.values()):
+    (tmp_path / "hf").mkdir()  # without a Hugging Face cache /v1/models answers an empty body: no kind
+    env = clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hf"), TRANSFORMERS_VERBOSITY="error")
+    profile = tmp_path / "p.json"
+    with serve(command=on_cpus(SERVER_CPU, command), port=port, env=env) as served:
+        for _ in range(2):  # one more attempt: the neighbours' load moves between the probes and the runs
+            output, report = calibrate(tmp_path, "--target", served.url, "--out", str(profile))
+            calibrated = json.loads(profile.read_text())
+            wrong, held = misread(calibrated["server_params"]), report["heldout"]
+            if not wrong and not missed(held):
                 break
-    params = json.loads(profile.read_text())["server_params"]
-    assert params["draft_model"] is False and params["prompt_concurrency"] == 8  # the server's defaults
-    assert 400 <= params["wave_ms"] <= 650  # its 0.5 s time budget, plus a step
+    assert calibrated["server"] == report["server"] == "mlx-lm", calibrated["calibrated"]["server_evidence"]
+    evidence = "\n".join(f"mlx-lm: {probe['says']}" for probe in calibrated["calibrated"]["server_fit"].values())
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    missed = [m for m, row in metrics.items() if not row["after"]["within"]]
-    if missed and load > cores:  # wall time then measures the neighbours (as tests/mlx/test_twin_mlx.py)
-        pytest.skip(f"at a load average of {load:.1f} on {cores} cores the twin missed {', '.join(missed)} "
-                    f"twice:\n{output}")
-    assert not missed, output
+    if (wrong or missed(held)) and load > cores:  # wall time then measures the neighbours
+        pytest.skip(f"at a load average of {load:.1f} on {cores} cores, twice: misread {wrong or 'nothing'}, the "
+                    f"twin missed {', '.join(missed(held)) or 'nothing'}:\n{evidence}\n{output}")
+    assert not wrong, f"{wrong}\n{evidence}"
+    assert held["pass"] is True and not missed(held), output
     if load > cores:  # the live runs' spread loosened every limit: nothing can miss it
-        limits = ", ".join(f"{m} {row['limit']:.0%}" for m, row in metrics.items())
         pytest.skip(f"the mlx-lm twin held; whether the cost-only twin misses is not told at a load average of "
-                    f"{load:.1f} (limits {limits})")
-    # the cost-only twin is further off than a tolerance on some figure (the spread may still excuse it)
-    assert any(row["before"]["error"] is not None and abs(row["before"]["error"]) > TOLERANCE[m]
-               for m, row in metrics.items()), output
+                    f"{load:.1f}")
+    # the cost-only twin is further off than a tolerance on some row (the spread may still excuse it)
+    assert any(abs(r["before"]["error"] or 0.0) > TOLERANCE[m] for w in held["workloads"].values()
+               for m, r in w["rows"].items()), output

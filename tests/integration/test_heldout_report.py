@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from coopsched.core import SchedulerConfig
-from harness.calibrate import heldout, twin
+from harness.calibrate import books, heldout, twin
 from harness.run import runner
 from harness.run.slo import Slo
 from harness.sweep.points import Timed
@@ -97,3 +97,30 @@ def test_the_rule(predicted, runs, verdict):
     assert row["pass"] is verdict, row
     if verdict is not None:
         assert row["allowed"] == pytest.approx(max(0.10, 1.5 * (max(runs) - min(runs)) / 100.0))
+
+
+def test_step_books_tell_a_twin_that_drafts_every_request_from_one_that_drafts_half():
+    """The books hook: each workload keeps the live runs' mean books and each twin's. The 'server'
+    speculates every request (as llama-server with a draft model); the twin that does too drafts as
+    often, the one that speculates only the requests that asked drafts about half as often."""
+    kept: dict = {}
+    everything = lambda scen: replace(scen, workload=replace(scen.workload, speculative_share=1.0))
+
+    def live_all(scen, run: int) -> list[Timed]:
+        result = runner.execute(everything(scen), CONFIG, heldout.SEED,
+                                backend_factory=lambda c, s, _seed: runner.mock_backend(c, s, 100 + run, TRUE))
+        kept["live"] = books.twin_books(result)
+        return [Timed(r.id, r.arrival_ms, result.token_times[r.id], r.served_speculatively) for r in result.requests]
+
+    def on(side, speculate_all: bool):
+        keep = lambda run: kept.__setitem__(side, books.twin_books(run))
+        return lambda scen: twin.simulate_timed(TRUE, CONFIG, everything(scen) if speculate_all else scen,
+                                                heldout.SEED, on_run=keep)
+
+    report = heldout.check(live_all, on("twin", True), SOLO_MS, num_requests=24, before=on("before", False),
+                           books=lambda side: kept.pop(side, None))
+    for name, w in report["workloads"].items():
+        served, same, half = (w["books"][side] for side in ("live", "twin", "before"))
+        assert served["drafts"] > 0 and abs(same["drafts"] / served["drafts"] - 1) <= 0.15, (name, w["books"])
+        assert half["drafts"] < 0.75 * served["drafts"], (name, w["books"])
+    assert "books" not in heldout.check(live, predicted_by(TRUE), SOLO_MS, num_requests=24)["workloads"]["light"]

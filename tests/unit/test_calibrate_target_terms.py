@@ -107,3 +107,11 @@ def test_a_bunched_stream_prices_decode_at_its_mean_gap():
     assert levels == {1: pytest.approx(2.018), 2: pytest.approx(4.036)}
     steady = {1: [2.0, 2.1, 1.9, 2.0, 9.0]}  # one foreign stall: the robust level, not the mean
     assert target.decode_levels(steady)[0][1] == pytest.approx(target.fit.levels(steady)[0][1])
+
+
+def test_one_bunched_batch_beside_steady_ones_prices_every_batch_at_its_mean():
+    """B = 1 bunched (median 0.02 ms), B = 2 steady: the pooled median looks steady, but B = 1's
+    ratios to its median reach 1000 and would scale B = 2's level to ~100x its gaps."""
+    bunched, steady = ([0.02] * 9 + [20.0]) * 5, [2.5, 2.6, 2.4, 2.5] * 20
+    levels, _ = target.decode_levels({1: bunched, 2: steady})
+    assert levels == {1: pytest.approx(2.018), 2: pytest.approx(2.5)}

@@ -147,13 +147,3 @@ def fit_llama_cpp(server: Server, profile: dict, fitted: dict, say: Say) -> Fitt
         say(f"llama.cpp: {line}")
     return params, {"says": [*lines, *more], "replaced": {k: profile.get(k) for k in costs}}, costs
 
-
-def calibrate_llamacpp(profile: dict, server: Server) -> list[str]:
-    """A `calibrate --target` profile of a llama-server (as written) made its twin's: kind, server
-    params and step costs, the replaced terms kept in calibrated.replaced."""
-    calibrated = profile.setdefault("calibrated", {})
-    params, evidence, costs = fit_llama_cpp(server, profile, calibrated.get("fit") or {}, lambda _: None)
-    calibrated["replaced"] = evidence["replaced"]
-    profile.update(costs, server="llama.cpp", server_params=params)
-    calibrated["server_fit"] = evidence
-    return evidence["says"]
