@@ -171,7 +171,7 @@ def test_check_chained_budget_catches_a_budget_started_only_by_an_insertion(monk
     def on_insertion_only(self):
         now = max([self._now_ms, *(r.arrival_ms for r in self.waiting)])
         queued = [r for r in self.waiting if r not in self._inserted]
-        if queued and (not self._rows and not self._inserted or now - self._wave_start_ms > self.wave_ms):
+        if queued and ((not self._rows and not self._inserted) or now - self._wave_start_ms > self.wave_ms):
             self._wave_start_ms = now
             self._inserted += queued
     monkeypatch.setattr(MlxLmModel, "_insert_wave", on_insertion_only)
