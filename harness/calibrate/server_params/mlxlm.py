@@ -62,21 +62,18 @@ def round_per_token(serial: dict, profile: dict, say: Say) -> dict:
 
 def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
     """The TTFT line of lone requests (mlx_lm.server ignores `speculative`, so its classic and
-    speculative probes took one path), and its spread. A TTFT is never shorter than its work, only
-    longer (a neighbour's stall): each prompt length's fastest request is its work, and the stalls
-    are one process at every length, so the spread is every TTFT over its length's fastest, pooled,
-    and a length's level is its fastest times their mean. The line goes through the levels on
+    speculative probes took one path). A TTFT is never shorter than its work, only longer when a
+    neighbour stalls the server: the line goes through each prompt length's fastest request, on
     relative error, leaving out the longest length when it costs more than SUPERLINEAR x the line
-    through the others (attention grows past linear there). A line through every request, bent to
-    reach the longest and to the stalls, priced the short prompts workloads send, and its residuals,
-    replayed as the spread, were the line's misfit: every fourth first token drawn 1.6x."""
+    through the others (attention grows past linear there). No spread is replayed: the stalls were
+    the neighbours' load while calibrating, which later runs need not meet, and a spread taken
+    around a line through every request was mostly the line's misfit (every fourth first token
+    drawn 1.6x on a quiet server). The stalls are reported, as each TTFT over its length's fastest."""
     points = [(x, y) for key in ("prefill", "slice0") for x, y, *_ in (fitted.get(key) or {}).get("points", [])]
     groups = lengths_of([(x, y) for x, y in points if y > 0])
     stalls = [y / min(ttfts) for _, ttfts in groups for y in ttfts]
-    spread = fit.jitter_quantiles(stalls)  # over the stalls' mean: a length's fastest draws spread[0]
-    scale = 1.0 / spread[0] if spread else 1.0
     xs = np.array([x for x, _ in groups], float)
-    ys = np.array([min(ttfts) * scale for _, ttfts in groups], float)
+    ys = np.array([min(ttfts) for _, ttfts in groups], float)
     fixed, slope = relative_line(xs, ys)
     left_out = ""
     if len(xs) > 2:
@@ -86,13 +83,13 @@ def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
             fixed, slope = short_fixed, short_slope
             left_out = (f"; {xs[-1]:.0f}-token prompts took {ys[-1]:.0f} ms, {ys[-1] / reach:.1f}x the line "
                         "through the shorter ones: left out (the twin prices prompts that long low)")
+    others = {term: qs for term, qs in quantiles.items() if term != "prefill"}  # the timing fit's, around its line
     cost = {"prefill_fixed_ms": round(fixed, 4), "prefill_per_token_ms": round(slope, 5),
-            "draft_prefill_per_token_ms": 0.0,  # the spread around this line, not the old one's
-            "jitter_quantiles": {**quantiles, "prefill": spread}}
+            "draft_prefill_per_token_ms": 0.0, "jitter_quantiles": others or None}
     says = (f"TTFT of {len(points)} lone requests at {len(groups)} prompt lengths ({int(xs.min())}-"
-            f"{int(xs.max())} tokens), each length's fastest x the mean stall ({scale:.2f}; median "
-            f"{float(np.median(stalls)) if stalls else 1.0:.2f}), on relative error: {fixed:.2f} ms + "
-            f"{slope:.4f} ms a token{left_out}")
+            f"{int(xs.max())} tokens), through each length's fastest on relative error: {fixed:.2f} ms + "
+            f"{slope:.4f} ms a token{left_out}; the others took up to {max(stalls, default=1.0):.1f}x their "
+            f"length's fastest (median {float(np.median(stalls)) if stalls else 1.0:.2f}), not replayed")
     return cost, {"prefill": {**{k: v for k, v in cost.items() if k != "jitter_quantiles"}, "says": says}}
 
 
