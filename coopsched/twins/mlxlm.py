@@ -36,7 +36,8 @@ class MlxLmModel(StepModel):
     to generation, and the rest prefill their next `prefill_step_size` tokens in one forward. A row's
     first token comes out of the decode after its move, two steps after its last prompt forward.
     The server inserts requests only between time budgets: while it has rows it runs steps for
-    `wave_ms`, then takes everything that queued meanwhile; an idle server takes a request at once.
+    `wave_ms`, then takes everything that queued meanwhile and starts the next budget at once (queued
+    or not); an idle server takes a request at once.
 
     The twin prices a row's last prompt chunk, its move and its first decode as the one prefill span
     that yields its first token, in the step mlx-lm emits it (a lone request's calibrated TTFT is
