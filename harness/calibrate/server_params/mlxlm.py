@@ -62,18 +62,17 @@ def round_per_token(serial: dict, profile: dict, say: Say) -> dict:
 
 def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
     """The TTFT line of lone requests (mlx_lm.server ignores `speculative`, so its classic and
-    speculative probes took one path). A TTFT is never shorter than its work, only longer when a
-    neighbour stalls the server: the line goes through each prompt length's fastest request, on
-    relative error, leaving out the longest length when it costs more than SUPERLINEAR x the line
-    through the others (attention grows past linear there). No spread is replayed: the stalls were
-    the neighbours' load while calibrating, which later runs need not meet, and a spread taken
-    around a line through every request was mostly the line's misfit (every fourth first token
-    drawn 1.6x on a quiet server). The stalls are reported, as each TTFT over its length's fastest."""
+    speculative probes took one path): through each prompt length's median (a neighbour's stall in a
+    minority of them is not a price), on relative error, leaving out the longest length when it costs
+    more than SUPERLINEAR x the line through the others (attention grows past linear there). No
+    spread is drawn: a spread taken around a line through every request was mostly the line's misfit
+    (every fourth first token drawn 1.6x on a quiet server), and one pooled from the stalls replayed
+    the neighbours' load while calibrating, which later runs need not meet. The spread is reported."""
     points = [(x, y) for key in ("prefill", "slice0") for x, y, *_ in (fitted.get(key) or {}).get("points", [])]
     groups = lengths_of([(x, y) for x, y in points if y > 0])
-    stalls = [y / min(ttfts) for _, ttfts in groups for y in ttfts]
+    ratios = [y / float(np.median(ttfts)) for _, ttfts in groups for y in ttfts]
     xs = np.array([x for x, _ in groups], float)
-    ys = np.array([min(ttfts) for _, ttfts in groups], float)
+    ys = np.array([np.median(ttfts) for _, ttfts in groups], float)
     fixed, slope = relative_line(xs, ys)
     left_out = ""
     if len(xs) > 2:
@@ -87,9 +86,9 @@ def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
     cost = {"prefill_fixed_ms": round(fixed, 4), "prefill_per_token_ms": round(slope, 5),
             "draft_prefill_per_token_ms": 0.0, "jitter_quantiles": others or None}
     says = (f"TTFT of {len(points)} lone requests at {len(groups)} prompt lengths ({int(xs.min())}-"
-            f"{int(xs.max())} tokens), through each length's fastest on relative error: {fixed:.2f} ms + "
-            f"{slope:.4f} ms a token{left_out}; the others took up to {max(stalls, default=1.0):.1f}x their "
-            f"length's fastest (median {float(np.median(stalls)) if stalls else 1.0:.2f}), not replayed")
+            f"{int(xs.max())} tokens), through each length's median on relative error: {fixed:.2f} ms + "
+            f"{slope:.4f} ms a token{left_out}; a TTFT over its length's median ran {min(ratios, default=1.0):.2f}-"
+            f"{max(ratios, default=1.0):.1f}x, not replayed")
     return cost, {"prefill": {**{k: v for k, v in cost.items() if k != "jitter_quantiles"}, "says": says}}
 
 
