@@ -36,7 +36,8 @@ class MlxLmModel(StepModel):
     to generation, and the rest prefill their next `prefill_step_size` tokens in one forward. A row's
     first token comes out of the decode after its move, two steps after its last prompt forward.
     The server inserts requests only between time budgets: while it has rows it runs steps for
-    `wave_ms`, then takes everything that queued meanwhile; an idle server takes a request at once.
+    `wave_ms`, then takes everything that queued meanwhile and starts the next budget at once (queued
+    or not); an idle server takes a request at once.
 
     The twin prices a row's last prompt chunk, its move and its first decode as the one prefill span
     that yields its first token, in the step mlx-lm emits it (a lone request's calibrated TTFT is
@@ -111,18 +112,19 @@ class MlxLmModel(StepModel):
 
     # -- the batched path ---------------------------------------------------------------------
     def _insert_wave(self) -> None:
-        """The server loop: an idle server inserts at once; a busy one when its time budget is spent."""
+        """The server loop (`ResponseGenerator._generate`): an idle server blocks on its queue and
+        inserts a request at once; a busy one runs `BatchGenerator.next()` until its `TimeBudget` is
+        spent, inserts what queued meanwhile, and starts the next budget, whether or not anything was
+        queued. So a busy server's insertion points are chained wave_ms apart from its first insert,
+        and a request arriving long after the last insertion still waits for the next one."""
         now = max([self._now_ms, *(r.arrival_ms for r in self.waiting)])
-        queued = [r for r in self.waiting if r not in self._inserted]
-        if not queued:
-            return
         if not self._rows and not self._inserted:
             self._wave_start_ms = now
-        elif now - self._wave_start_ms > self.wave_ms:
+        elif now - self._wave_start_ms > self.wave_ms:  # the step that just ended spent the budget
             self._wave_start_ms = now
         else:
             return
-        self._inserted += queued
+        self._inserted += [r for r in self.waiting if r not in self._inserted]
 
     def _batched(self) -> Plan:
         self._insert_wave()

@@ -59,6 +59,14 @@ def check_wave(times, wave_ms: float) -> None:
     assert times["b"][0] > wave_ms
 
 
+def check_chained_budget(times, wave_ms: float) -> None:
+    """b arrives after a's first budget ran out with nothing queued: mlx-lm started the next budget
+    then, so b waits for that one's end (three steps later its span) instead of joining at once."""
+    second_end = 203.0  # a's steps end at 7 + 2k ms: the first past 100 is 101, the first past 201 is 203
+    assert wave_ms == 100.0
+    assert times["b"][0] == pytest.approx(second_end + 2 * DECODE_MS + FIXED_MS + 8 * PER_TOKEN_MS + DECODE_MS)
+
+
 def check_serial(times) -> None:
     assert times["b"][0] > times["a"][-1]
 
@@ -99,6 +107,11 @@ def test_requests_join_a_busy_server_in_waves():
     # no budget: inserted when a's first step ends (7 ms), then its chunk and move steps (a's decodes,
     # 2 ms each), then its span with a's decode (3 + 4 + 2 ms)
     assert idle["b"][0] == pytest.approx(7.0 + 2 * DECODE_MS + FIXED_MS + 8 * PER_TOKEN_MS + DECODE_MS)
+
+
+def test_a_busy_server_restarts_its_time_budget_whether_or_not_anything_queued():
+    times, _ = run([req("a", max_tokens=400), req("b", arrival_ms=150.0)], wave_ms=100.0)
+    check_chained_budget(times, 100.0)
 
 
 def test_a_draft_model_serves_one_request_at_a_time_in_rounds():
@@ -150,6 +163,21 @@ def test_check_wave_catches_admission_at_once(monkeypatch):
     times, _ = run([req("a", max_tokens=400), req("b", arrival_ms=1.0)], wave_ms=100.0)
     with pytest.raises(AssertionError):
         check_wave(times, 100.0)
+
+
+def test_check_chained_budget_catches_a_budget_started_only_by_an_insertion(monkeypatch):
+    """The rule before: a busy server's budget clock restarted only when it inserted a request, so a
+    request arriving more than wave_ms after the last insertion joined at the next step."""
+    def on_insertion_only(self):
+        now = max([self._now_ms, *(r.arrival_ms for r in self.waiting)])
+        queued = [r for r in self.waiting if r not in self._inserted]
+        if queued and ((not self._rows and not self._inserted) or now - self._wave_start_ms > self.wave_ms):
+            self._wave_start_ms = now
+            self._inserted += queued
+    monkeypatch.setattr(MlxLmModel, "_insert_wave", on_insertion_only)
+    times, _ = run([req("a", max_tokens=400), req("b", arrival_ms=150.0)], wave_ms=100.0)
+    with pytest.raises(AssertionError):
+        check_chained_budget(times, 100.0)
 
 
 def test_check_serial_catches_batching_under_a_draft_model(monkeypatch):

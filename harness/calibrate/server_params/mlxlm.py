@@ -21,6 +21,8 @@ WAVE_LONG_MS = 4000.0              # a request decoding this long while probes a
 WAVE_PROBES, WAVE_EVERY_MS = 12, 100.0  # ... one every 100 ms from 100 ms on
 DEFAULT_NUM_DRAFT = 3              # mlx_lm.server's --num-draft-tokens default
 WAVE_GAP_MS = 40.0                 # first tokens further apart than this start another wave
+SAME_LENGTH, SAME_TOKENS = 0.1, 4  # lone prompts this close in length (or tokens) are one length of the line
+SUPERLINEAR = 1.5                  # the longest length is left out of the line past this x its reach
 
 
 def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
@@ -59,25 +61,58 @@ def round_per_token(serial: dict, profile: dict, say: Say) -> dict:
 
 
 def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
-    """One TTFT line over every lone request (mlx_lm.server ignores `speculative`, so its classic and
-    speculative probes took one path), fitted on relative error: a least-squares line through prompts
-    of 16 to 1024 tokens follows the longest (attention grows past linear) and prices a 40-token
-    prompt at twice its TTFT. The twin's first token is priced by this line, drafter or not."""
+    """The TTFT line of lone requests (mlx_lm.server ignores `speculative`, so its classic and
+    speculative probes took one path): through each prompt length's median (a neighbour's stall in a
+    minority of them is not a price), on relative error, leaving out the longest length when it costs
+    more than SUPERLINEAR x the line through the others (attention grows past linear there). No
+    spread is drawn: a spread taken around a line through every request was mostly the line's misfit
+    (every fourth first token drawn 1.6x on a quiet server), and one pooled from the stalls replayed
+    the neighbours' load while calibrating, which later runs need not meet. The spread is reported."""
     points = [(x, y) for key in ("prefill", "slice0") for x, y, *_ in (fitted.get(key) or {}).get("points", [])]
-    xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
-    keep = ys > 0
-    slope, fixed = np.polyfit(xs[keep], ys[keep], 1, w=1.0 / ys[keep])
-    if fixed < 0:  # no negative fixed cost: the line through the origin, same weights
-        slope, fixed = float(np.sum(xs[keep] / ys[keep]) / np.sum((xs[keep] / ys[keep]) ** 2)), 0.0
-    ratios = [float(y / (fixed + slope * x)) for x, y in zip(xs[keep], ys[keep])]
-    residuals = [r - 1 for r in ratios]
-    cost = {"prefill_fixed_ms": round(float(fixed), 4), "prefill_per_token_ms": round(float(slope), 5),
-            "draft_prefill_per_token_ms": 0.0,  # the spread around this line, not the old one's
-            "jitter_quantiles": {**quantiles, "prefill": fit.jitter_quantiles(ratios)}}
-    says = (f"TTFT of {int(keep.sum())} lone requests ({int(xs.min())}-{int(xs.max())} tokens), on relative "
-            f"error: {fixed:.2f} ms + {slope:.4f} ms a token (median |residual| "
-            f"{float(np.median(np.abs(residuals))):.0%})")
+    groups = lengths_of([(x, y) for x, y in points if y > 0])
+    ratios = [y / float(np.median(ttfts)) for _, ttfts in groups for y in ttfts]
+    xs = np.array([x for x, _ in groups], float)
+    ys = np.array([np.median(ttfts) for _, ttfts in groups], float)
+    fixed, slope = relative_line(xs, ys)
+    left_out = ""
+    if len(xs) > 2:
+        short_fixed, short_slope = relative_line(xs[:-1], ys[:-1])
+        reach = short_fixed + short_slope * xs[-1]
+        if ys[-1] > SUPERLINEAR * reach:
+            fixed, slope = short_fixed, short_slope
+            left_out = (f"; {xs[-1]:.0f}-token prompts took {ys[-1]:.0f} ms, {ys[-1] / reach:.1f}x the line "
+                        "through the shorter ones: left out (the twin prices prompts that long low)")
+    others = {term: qs for term, qs in quantiles.items() if term != "prefill"}  # the timing fit's, around its line
+    cost = {"prefill_fixed_ms": round(fixed, 4), "prefill_per_token_ms": round(slope, 5),
+            "draft_prefill_per_token_ms": 0.0, "jitter_quantiles": others or None}
+    says = (f"TTFT of {len(points)} lone requests at {len(groups)} prompt lengths ({int(xs.min())}-"
+            f"{int(xs.max())} tokens), through each length's median on relative error: {fixed:.2f} ms + "
+            f"{slope:.4f} ms a token{left_out}; a TTFT over its length's median ran {min(ratios, default=1.0):.2f}-"
+            f"{max(ratios, default=1.0):.1f}x, not replayed")
     return cost, {"prefill": {**{k: v for k, v in cost.items() if k != "jitter_quantiles"}, "says": says}}
+
+
+def lengths_of(points: Sequence[tuple[float, float]]) -> list[tuple[float, list[float]]]:
+    """(mean length, its TTFTs) of the points, in order of length: prompts within SAME_TOKENS or
+    SAME_LENGTH of the shortest of their run are one length (a probe's text tokenizes to a few
+    tokens more or less)."""
+    groups: list[list[tuple[float, float]]] = []
+    for x, y in sorted(points):
+        if not groups or x > groups[-1][0][0] + max(SAME_TOKENS, SAME_LENGTH * groups[-1][0][0]):
+            groups.append([])
+        groups[-1].append((x, y))
+    return [(float(np.mean([x for x, _ in g])), [y for _, y in g]) for g in groups]
+
+
+def relative_line(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
+    """(fixed, slope) of the line through the points on relative error; through the origin (same
+    weights) when the fixed cost would be negative, and a flat line for a single length."""
+    if len(xs) < 2:
+        return float(ys[0]) if len(ys) else 0.0, 0.0
+    slope, fixed = np.polyfit(xs, ys, 1, w=1.0 / ys)
+    if fixed < 0:
+        slope, fixed = float(np.sum(xs / ys) / np.sum((xs / ys) ** 2)), 0.0
+    return float(fixed), float(slope)
 
 
 def _times(got) -> list[float]:
