@@ -134,14 +134,15 @@ def _timed(server: Server, rows: int, chars: int, speculates: bool, key: str) ->
 
 
 def _measured(server: Server, rows: int, chars: int, speculates: bool) -> tuple[float, float, float, list] | None:
-    """STEP_REPEATS passes: the medians of the server's step, of the step's price, and of the cached
-    tokens, and each pass's client figure. A pass is priced as the client saw it, but never under the
-    server's own time: a first token delivered late, bunched with the next, shortens the client's span."""
+    """STEP_REPEATS passes: the least step on the server's clock (a busy core only lengthens a step,
+    so the least is the compute's), the median of the step's price, the median cached tokens, and each
+    pass's client figure. A pass is priced as the client saw it, but never under the server's own
+    time: a first token delivered late, bunched with the next, shortens the client's span."""
     got = [t for rep in range(STEP_REPEATS)
            if (t := _timed(server, rows, chars, speculates, f"step:{rows}:{chars}:{rep}"))]
     if not got:
         return None
-    return (statistics.median(g[0] for g in got), statistics.median(max(g[0], g[1]) for g in got),
+    return (min(g[0] for g in got), statistics.median(max(g[0], g[1]) for g in got),
             statistics.median(g[2] for g in got), [g[1] for g in got])
 
 
@@ -159,9 +160,9 @@ def llamacpp_costs(server: Server, speculates: bool, n_max: int) -> tuple[dict, 
         if (m := _measured(server, rows, STEP_PROMPT, speculates)) is not None:
             measured[rows] = m
             ms, client_ms, cached, seen = m
-            evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {client_ms:.3f} ms, "
-                            f"{ms:.3f} ms on the server's clock (timings.predicted_ms), so "
-                            f"{client_ms - ms:+.3f} ms of host and delivery a step (over "
+            evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {client_ms:.3f} ms (median), "
+                            f"at least {ms:.3f} ms on the server's clock (timings.predicted_ms), so "
+                            f"{client_ms - ms:+.3f} ms of host, delivery and a busy core a step (over "
                             f"{'rounds' if speculates else 'tokens - 1'}; the client's "
                             f"{', '.join(f'{x:.3f}' for x in seen)}; {cached:.0f} tokens cached a row)")
     if not measured:
