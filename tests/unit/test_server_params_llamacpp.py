@@ -63,7 +63,7 @@ def test_a_step_is_the_servers_generation_time_over_its_steps(predicted, rounds,
 
 
 # -- the step costs: a planted server whose step grows with what its rows have cached ------------
-BASE_MS = {1: 0.25, 2: 0.45, 4: 0.60}  # a step's price by rows, before the rows' attention
+BASE_MS = {1: 0.25, 2: 0.45, 3: 0.62, 4: 0.60}  # a step's price by rows, before the rows' attention
 CACHED_MS = 0.0013                       # ms per cached token per row
 
 
@@ -145,3 +145,12 @@ def test_the_prompt_forward_is_not_charged_the_frontend(fixed, frontend, want):
     said: list[str] = []
     assert prompt_fixed({"prefill_fixed_ms": fixed}, frontend, said) == want
     assert len(said) == len(want)
+
+
+def test_a_three_row_step_is_timed_not_drawn_between_two_and_four(monkeypatch):
+    """llama-server's 3-row step costs about what 4 rows do (0.53 against 0.49 ms, measured), over the
+    line from 2 to 4 rows (0.385): a point at every width the slots can hold."""
+    costs, _ = fit_steps(monkeypatch, PlantedServer())
+    cost = CostModel(decode_ms=costs["decode_ms"])
+    assert cost.decode(3) == pytest.approx(BASE_MS[3], abs=1e-3)
+    assert cost.decode(3) > (BASE_MS[2] + BASE_MS[4]) / 2 + 0.05

@@ -14,7 +14,8 @@ from .kinds import Fitted, Say
 
 PROBE_TOKENS = 64   # a lone speculative request's budget: its rounds give the draft cap
 FRONTEND_PROBES = 5
-STEP_ROWS, STEP_TOKENS, STEP_REPEATS = (1, 2, 4), 48, 5  # 5 passes: one stalled pass moves no median
+# every width up to 4: a 3-row step costs about what 4 rows do on llama.cpp CPU, over the line between 2 and 4
+STEP_ROWS, STEP_TOKENS, STEP_REPEATS = (1, 2, 3, 4), 48, 5  # 5 passes: one stalled pass moves no median
 STEP_PROMPT, LONG_PROMPT = 16, 512  # characters: the points' prompts, and the long one (at most half a slot)
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
 
