@@ -48,9 +48,9 @@ def test_no_drafts_keep_the_default():
     assert cap is None and "counted no drafts" in line
 
 
-def test_frontend_time_is_the_median_gap_so_one_stall_does_not_move_it():
-    ms, line = frontend_overhead([(3.0, 2.0), (2.9, 1.8), (160.0, 2.0), (3.2, 2.0), (2.5, 1.3)])
-    assert ms == pytest.approx(1.2) and "160.00" not in line and "158.00" in line
+def test_frontend_time_is_the_least_gap_so_a_busy_core_does_not_move_it():
+    ms, line = frontend_overhead([(3.0, 2.0), (2.9, 1.8), (160.0, 2.0), (3.2, 2.0), (2.5, 1.4)])
+    assert ms == pytest.approx(1.0) and "160.00" not in line and "158.00" in line
 
 
 @pytest.mark.parametrize("predicted, rounds, ms", [
