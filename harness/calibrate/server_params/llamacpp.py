@@ -1,4 +1,5 @@
-"""llama-server: what it reports (slots, a draft model), its draft cap and step costs from its own counts."""
+"""llama-server: what it reports (slots, a draft model), its draft cap, and its step costs by width and by
+the cache each step reads, from its own counts; its frontend time, which the twin delays arrivals by."""
 
 from __future__ import annotations
 
