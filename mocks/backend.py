@@ -82,8 +82,17 @@ class MockBackend:
         return self._next(seq, seq.tokens, seq.hashes[-1])
 
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
-        self._charge(self.cost.decode(len(rows)), "decode", "classic")
+        self._charge(self.cost.decode(len(rows)) + self._context(rows, 1), "decode", "classic")
         return self._decode_rows(rows)
+
+    def _context(self, rows: Sequence[tuple], positions: int | None) -> float:
+        """CostModel.context over these rows as the forward starts: each row's cached tokens, once
+        per position it computes (`positions`, or None: a verify row's drafts + 1)."""
+        if not self.cost.context_per_token_ms:
+            return 0.0
+        cached = sum(len(self._seqs[row[0]].tokens) * (len(row[2]) + 1 if positions is None else positions)
+                     for row in rows)
+        return self.cost.context(cached)
 
     # -- chunked and batched prefill -------------------------------------------
     def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
@@ -136,7 +145,8 @@ class MockBackend:
     def verify(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
         num_drafts = [len(d) for _, _, d in rows]
         width = sum(num_drafts) + len(rows)
-        self._charge(self.cost.verify_charge(width, max(num_drafts, default=0)), "verify", "spec")
+        self._charge(self.cost.verify_charge(width, max(num_drafts, default=0)) + self._context(rows, None),
+                     "verify", "spec")
         return self._verify_rows(rows)
 
     def fused(self, decode_rows: Sequence[tuple[str, int]],
@@ -144,7 +154,8 @@ class MockBackend:
         """One forward over both, charged as CostModel.fused_forward prices it (by default a decode
         step of the combined width: one position per classic row + K per speculative row)."""
         widths = [len(d) + 1 for _, _, d in verify_rows]
-        self._charge(self.cost.fused_forward(len(decode_rows), widths), "fused", "spec")
+        ms = self.cost.fused_forward(len(decode_rows), widths)
+        self._charge(ms + self._context(decode_rows, 1) + self._context(verify_rows, None), "fused", "spec")
         return self._decode_rows(decode_rows), self._verify_rows(verify_rows)
 
     def _verify_rows(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:

@@ -50,6 +50,7 @@ class CostModel:
     switch_ms: float = 0.0                # a switch between the classic and the speculative path
     jitter_quantiles: dict | None = None  # term -> quantiles of charge / mean charge; None: uniform `jitter`
     accept_prob: float | None = None      # the drafter's acceptance measured with this profile
+    context_per_token_ms: float = 0.0     # a decode/verify position's attention: ms per token its row has cached
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})  # decode and verify by size: pure, asked every tick
@@ -95,6 +96,13 @@ class CostModel:
 
     def draft(self, num_tokens: int) -> float:
         return self.draft_per_token_ms * num_tokens
+
+    def context(self, cached_positions: int) -> float:
+        """What the rows' attention over their caches adds to a decode, verify or fused forward:
+        `cached_positions` is the sum over the forward's positions of the tokens their row holds
+        (a decode row counts its cache once, a verify row of K positions K times). 0 by default:
+        a profile fitted without it prices a step by its width alone."""
+        return self.context_per_token_ms * cached_positions
 
     def verify(self, width: int) -> float:
         key = ("verify", width)
@@ -158,6 +166,8 @@ class CostModel:
             raise ValueError(f"fused_padding={self.fused_padding!r}: want one of {', '.join(FUSED_PADDINGS)}")
         if not self.switch_ms >= 0:
             raise ValueError(f"switch_ms={self.switch_ms} must be >= 0")
+        if not self.context_per_token_ms >= 0:
+            raise ValueError(f"context_per_token_ms={self.context_per_token_ms} must be >= 0")
         if self.accept_prob is not None and not 0.0 <= self.accept_prob <= 1.0:
             raise ValueError(f"accept_prob={self.accept_prob} must be within [0, 1] (or null)")
         for term, qs in (self.jitter_quantiles or {}).items():

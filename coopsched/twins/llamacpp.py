@@ -37,6 +37,9 @@ class LlamaCppModel(StepModel):
               "tokens drafted per generating slot and step (cut to the request's remaining tokens - 1)"),
         Param("spec_draft_n_min", 0, "--spec-draft-n-min",
               "a slot whose cap is under this many drafts decodes one token instead"),
+        Param("frontend_ms", 0.0, "(the HTTP threads: no flag)",
+              "ms from a client's send to the slot loop seeing the request (HTTP, tokenizing): an open-loop "
+              "twin submits each request that much later and counts TTFT from its send"),
     )
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None,
@@ -53,6 +56,10 @@ class LlamaCppModel(StepModel):
         if draft_model is not None and not isinstance(draft_model, bool):
             raise ValueError(f"server_params draft_model={draft_model!r}: want true, false or null")
         self.draft_model: bool | None = draft_model
+        frontend = self.params["frontend_ms"]
+        if isinstance(frontend, bool) or not isinstance(frontend, (int, float)) or not 0 <= frontend < 1e6:
+            raise ValueError(f"server_params frontend_ms={frontend!r}: want a number of ms >= 0")
+        self.frontend_ms = float(frontend)
         self._slot_of: dict[str, int] = {}             # seq_id -> the slot it holds
         self._last_used = [0] * self.parallel          # per slot: the step it was last freed (LRU)
         self._steps = 0

@@ -286,6 +286,7 @@ def _fit_server(kind: str, server, profile: dict, fitted: dict, console) -> tupl
     cost terms the kind's model prices its own way replace the timing fit's, which are kept in
     `replaced`. Returns (server_params, the probes' evidence, the replaced terms)."""
     from harness.calibrate import server_params
+    from mocks import CostModel
 
     said: list[str] = []
 
@@ -296,7 +297,8 @@ def _fit_server(kind: str, server, profile: dict, fitted: dict, console) -> tupl
     params, evidence, costs = server_params.fit_params(kind, server, profile, fitted, say)
     for line in [] if said else evidence.get("says", []):  # a fitter that reports its lines at the end
         console.print(line, highlight=False, soft_wrap=True)
-    replaced = {name: profile.get(name) for name in costs}
+    defaults = CostModel().to_json()  # a term the timing fit has not set is replaced from its default
+    replaced = {name: profile.get(name, defaults.get(name)) for name in costs}
     profile.update(costs)
     return params, evidence, replaced
 

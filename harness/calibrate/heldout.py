@@ -54,8 +54,9 @@ def workload(rate_per_s: float, num_requests: int = NUM_REQUESTS) -> Scenario:
 
 
 def solo_life_ms(cost) -> float:
-    """A mean request of the workload (108 prompt tokens, 48 tokens out), alone, on these costs."""
-    return float(cost.prefill(108) + 48 * cost.decode(1))
+    """A mean request of the workload (108 prompt tokens, 48 tokens out), alone, on these costs: its
+    decode steps read a cache of 108, 109, ... tokens (priced when the profile has a context term)."""
+    return float(cost.prefill(108) + 48 * cost.decode(1) + cost.context(48 * 108 + 48 * 47 // 2))
 
 
 def light_rate(solo_life_ms: float) -> float:

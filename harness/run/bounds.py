@@ -106,7 +106,9 @@ def terms_of(run) -> Terms:
         prefill = {rid: cost.prefill(n) for rid, n in prompt.items()}
         tick_ms = prefill_ticks(run, cost)
         # a round between classic steps also pays the path switch into it and out of it
-        return Terms(cost.decode(largest_decode_batch(run)), cost.round(k, widest) + 2 * cost.switch_ms, slice0,
+        batch, longest = largest_decode_batch(run), longest_context(run)
+        return Terms(cost.decode(batch) + cost.context(batch * longest),
+                     cost.round(k, widest) + cost.context(widest * k * longest) + 2 * cost.switch_ms, slice0,
                      prefill, cost.max_jitter_factor, tick_ms, spec_chunks(run, tick_ms))
     # Real backend with no cost model: the classic and round terms from decode and round
     # ticks (never prefill ticks, where a burst hides), with the real-time allowance.
@@ -122,6 +124,11 @@ def terms_of(run) -> Terms:
     prefill = {t.request_ids[0]: t.wall_ms for t in run.ticks if t.kind is TickKind.ADMIT}
     tick_ms = prefill_ticks(run, None)
     return Terms(decode, round_ms, slice0, prefill, REAL_TIME_ALLOWANCE, tick_ms, spec_chunks(run, tick_ms))
+
+
+def longest_context(run) -> int:
+    """The most tokens any row can hold in its cache: what a profile's context term is priced at."""
+    return max((len(r.prompt_token_ids) + r.max_tokens for r in run.requests), default=0)
 
 
 def largest_decode_batch(run) -> int:
@@ -258,7 +265,9 @@ def fused_step_ms(run) -> float:
     if run.cost is None:  # real backend: the longest fused tick measured
         return max((t.wall_ms for t in run.ticks if t.action is ActionKind.FUSED), default=0.0)
     # priced as the backend computes it (CostModel.fused_padding), after at most one path switch
-    return run.cost.fused_step(_num_classic_rows(run), k, widest_job(run)) + run.cost.switch_ms
+    classic, widest = _num_classic_rows(run), widest_job(run)
+    context = run.cost.context((classic + widest * k) * longest_context(run))
+    return run.cost.fused_step(classic, k, widest) + context + run.cost.switch_ms
 
 
 def spec_action_ms(run, terms: Terms) -> tuple[float, str]:
@@ -273,7 +282,9 @@ def budget_floor_ms(run, terms: Terms) -> float:
     """The smallest classic gap with any speculation in it: a decode + the smallest round."""
     if run.cost is None:
         return terms.decode_ms + terms.round_ms
-    return terms.decode_ms + run.cost.round(MIN_BLOCK_SIZE, widest_job(run))
+    widest = widest_job(run)
+    context = run.cost.context(widest * MIN_BLOCK_SIZE * longest_context(run))
+    return terms.decode_ms + run.cost.round(MIN_BLOCK_SIZE, widest) + context
 
 
 def fused_gap_check(run, terms: Terms) -> Check:

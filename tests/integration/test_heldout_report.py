@@ -124,3 +124,31 @@ def test_step_books_tell_a_twin_that_drafts_every_request_from_one_that_drafts_h
         assert served["drafts"] > 0 and abs(same["drafts"] / served["drafts"] - 1) <= 0.15, (name, w["books"])
         assert half["drafts"] < 0.75 * served["drafts"], (name, w["books"])
     assert "books" not in heldout.check(live, predicted_by(TRUE), SOLO_MS, num_requests=24)["workloads"]["light"]
+
+
+# -- a server whose step grows with its rows' caches (llama-server's attention on one core) -----------
+CACHE_BOUND = CostModel(**{**TRUE.to_json(), "context_per_token_ms": 0.02})
+# what a fit by width alone makes of it: the probes' steps at their own ~39 cached tokens a row
+WIDTH_ONLY = CostModel(**{**TRUE.to_json(), "decode_ms": [[b, ms + 0.02 * 39 * b] for b, ms in TRUE.decode_ms]})
+
+
+def live_on(cost: CostModel):
+    def run(scen, index: int) -> list[Timed]:
+        result = runner.execute(scen, CONFIG, heldout.SEED,
+                                backend_factory=lambda c, s, _seed: runner.mock_backend(c, s, 100 + index, cost))
+        return [Timed(r.id, r.arrival_ms, result.token_times[r.id], r.served_speculatively) for r in result.requests]
+    return run
+
+
+def test_a_cache_bound_server_is_predicted_with_the_context_term_and_not_by_width_alone():
+    solo = heldout.solo_life_ms(CACHE_BOUND)
+    right = heldout.check(live_on(CACHE_BOUND), predicted_by(CACHE_BOUND), solo, num_requests=24)
+    wrong = heldout.check(live_on(CACHE_BOUND), predicted_by(WIDTH_ONLY), solo, num_requests=24)
+    itl = lambda report: {name: w["rows"]["itl_mean_ms"] for name, w in report["workloads"].items()}
+    assert all(row["pass"] for row in itl(right).values()), itl(right)
+    assert all(not row["pass"] and row["error"] < -0.10 for row in itl(wrong).values()), itl(wrong)
+
+
+def test_the_light_rate_counts_the_cache_a_solo_request_reads():
+    # 48 decode steps over caches of 108, 109, ..., 155 tokens
+    assert heldout.solo_life_ms(CACHE_BOUND) == pytest.approx(SOLO_MS + 0.02 * sum(range(108, 156)))

@@ -79,3 +79,21 @@ def test_the_report_counts_a_skip_as_neither_held_nor_ok(tmp_path, skip):
         assert f"| {n - 1}/{n} | - | classic_itl |" in render_markdown(report)
     else:
         assert ok is True and text == f"all {n} expectations hold across 1 run"
+
+
+@pytest.mark.parametrize("mode", ["slice", "fused"])
+def test_a_profile_that_prices_the_cache_is_bounded_at_the_longest_cache(mode):
+    """A context term (a step's attention over its rows' caches) raises every step's price: the
+    decode, round and fused terms the bounds are built from carry it at the longest cache a row can
+    hold, so a gap that the term lengthens is still bounded; priced by width alone, it is not."""
+    from dataclasses import replace
+
+    from harness.run import bounds
+
+    scen = scenario.load("many-classic")
+    priced = replace(scen, cost={**scen.cost, "context_per_token_ms": 0.05})
+    failed = lambda: [c["name"] for c in runner.run_scenario(priced, mode)["checks"] if c["ok"] is False]
+    assert failed() == []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bounds, "longest_context", lambda run: 0)
+        assert "classic_itl" in failed()

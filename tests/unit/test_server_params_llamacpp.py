@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from harness.calibrate.server_params.llamacpp import draft_cap, frontend_overhead, llamacpp_reported, step_ms
+from harness.calibrate.server_params import llamacpp
+from harness.calibrate.server_params.llamacpp import (
+    context_slope,
+    draft_cap,
+    frontend_overhead,
+    llamacpp_reported,
+    mean_cached,
+    prompt_fixed,
+    step_ms,
+)
+from harness.live.client import Arrival, Collected
+from mocks import CostModel
 
 PROPS = {"total_slots": 4, "default_generation_settings": {"n_ctx": 1024}}
 SLOTS = [{"id": i, "speculative": True, "n_ctx": 1024} for i in range(4)]
@@ -37,9 +48,9 @@ def test_no_drafts_keep_the_default():
     assert cap is None and "counted no drafts" in line
 
 
-def test_frontend_time_is_the_median_gap_so_one_stall_does_not_move_it():
-    ms, line = frontend_overhead([(3.0, 2.0), (2.9, 1.8), (160.0, 2.0), (3.2, 2.0), (2.5, 1.3)])
-    assert ms == pytest.approx(1.2) and "160.00" not in line and "158.00" in line
+def test_frontend_time_is_the_least_gap_so_a_busy_core_does_not_move_it():
+    ms, line = frontend_overhead([(3.0, 2.0), (2.9, 1.8), (160.0, 2.0), (3.2, 2.0), (2.5, 1.4)])
+    assert ms == pytest.approx(1.0) and "160.00" not in line and "158.00" in line
 
 
 @pytest.mark.parametrize("predicted, rounds, ms", [
@@ -49,3 +60,97 @@ def test_frontend_time_is_the_median_gap_so_one_stall_does_not_move_it():
 ])
 def test_a_step_is_the_servers_generation_time_over_its_steps(predicted, rounds, ms):
     assert step_ms(predicted, rounds) == pytest.approx(ms)
+
+
+# -- the step costs: a planted server whose step grows with what its rows have cached ------------
+BASE_MS = {1: 0.25, 2: 0.45, 3: 0.62, 4: 0.60}  # a step's price by rows, before the rows' attention
+CACHED_MS = 0.0013                       # ms per cached token per row
+
+
+class PlantedServer:
+    """Answers each pass of `together` as a llama-server whose decode step at B rows costs
+    BASE_MS[B] + CACHED_MS x the rows' cached tokens (one token per prompt character)."""
+    url, context_tokens = "http://planted", 1024
+
+    def __init__(self, cached_ms: float = CACHED_MS) -> None:
+        self.cached_ms = cached_ms
+
+    def body(self, prompt: str, max_tokens: int, speculative: bool) -> dict:
+        return {"prompt": prompt, "max_tokens": max_tokens}
+
+    def together(self, bodies):
+        rows, outs = len(bodies), []
+        for body in bodies:
+            n, cached = body["max_tokens"], len(body["prompt"]) + (body["max_tokens"] - 2) / 2
+            step = BASE_MS[rows] + self.cached_ms * rows * cached
+            arrivals = [Arrival(int(i * step * 1e6), 1, None, "x", None, None, {}) for i in range(n)]
+            arrivals[-1].event = {"timings": {"predicted_ms": (n - 1) * step, "predicted_n": n,
+                                              "prompt_n": len(body["prompt"]), "cache_n": 0}}
+            outs.append(Collected(0, arrivals))
+        return outs
+
+
+def fit_steps(monkeypatch, server):
+    monkeypatch.setattr(llamacpp.client, "try_scrape", lambda url: None)  # no /metrics: no drafts counted
+    return llamacpp.llamacpp_costs(server, False, 3)
+
+
+def test_the_steps_are_priced_by_width_plus_what_their_rows_have_cached(monkeypatch):
+    costs, evidence = fit_steps(monkeypatch, PlantedServer())
+    assert costs["context_per_token_ms"] == pytest.approx(CACHED_MS, rel=1e-3)
+    assert costs["decode_ms"] == [[b, pytest.approx(ms, abs=1e-3)] for b, ms in BASE_MS.items()]
+    assert any(line.startswith("context_per_token_ms = 0.001300") for line in evidence)
+
+
+def test_a_server_whose_step_ignores_the_cache_gets_no_context_term(monkeypatch):
+    costs, _ = fit_steps(monkeypatch, PlantedServer(cached_ms=0.0))
+    assert costs["context_per_token_ms"] == 0.0
+    assert costs["decode_ms"] == [[b, pytest.approx(ms, abs=1e-4)] for b, ms in BASE_MS.items()]
+
+
+def priced_at(costs: dict, cached: int) -> float:
+    cost = CostModel(decode_ms=costs["decode_ms"], context_per_token_ms=costs["context_per_token_ms"])
+    return cost.decode(1) + cost.context(cached)
+
+
+def test_a_held_out_cache_is_priced_where_the_width_only_fit_came_out_cheap(monkeypatch):
+    """A lone row at 130 cached tokens (the held-out's prompts): the fit prices it; without the long
+    prompt's probe (the fit before), the short probes carry only their own 39 tokens: ~28% cheap."""
+    live = BASE_MS[1] + CACHED_MS * 130
+    assert priced_at(fit_steps(monkeypatch, PlantedServer())[0], 130) == pytest.approx(live, rel=0.01)
+    monkeypatch.setattr(llamacpp, "LONG_ROWS", ())
+    assert priced_at(fit_steps(monkeypatch, PlantedServer())[0], 130) < 0.75 * live
+
+
+@pytest.mark.parametrize("short, long, positions, slope", [
+    pytest.param((0.25, 39.0), (0.90, 539.0), 1, 0.0013, id="decode"),
+    pytest.param((1.80, 39.0), (8.00, 539.0), 4, 0.0031, id="four-verify-positions"),
+    pytest.param((0.30, 39.0), (0.25, 539.0), 1, 0.0, id="noise-never-negative"),
+    pytest.param((0.30, 39.0), (0.90, 39.0), 1, 0.0, id="no-longer-cache"),
+])
+def test_the_context_slope_is_per_cached_token_and_position(short, long, positions, slope):
+    assert context_slope(short, long, positions) == pytest.approx(slope)
+
+
+def test_a_rows_mean_cache_is_its_prompt_and_half_its_later_steps():
+    assert mean_cached(16, 48) == 39.0 and mean_cached(16, 1) == 16.0
+
+
+@pytest.mark.parametrize("fixed, frontend, want", [
+    pytest.param(1.95, 1.03, {"prefill_fixed_ms": 0.92}, id="less-the-frontend"),
+    pytest.param(0.80, 1.50, {"prefill_fixed_ms": 0.0}, id="never-negative"),
+    pytest.param(1.95, 0.0, {}, id="no-frontend-measured"),
+])
+def test_the_prompt_forward_is_not_charged_the_frontend(fixed, frontend, want):
+    said: list[str] = []
+    assert prompt_fixed({"prefill_fixed_ms": fixed}, frontend, said) == want
+    assert len(said) == len(want)
+
+
+def test_a_three_row_step_is_timed_not_drawn_between_two_and_four(monkeypatch):
+    """llama-server's 3-row step costs about what 4 rows do (0.53 against 0.49 ms, measured), over the
+    line from 2 to 4 rows (0.385): a point at every width the slots can hold."""
+    costs, _ = fit_steps(monkeypatch, PlantedServer())
+    cost = CostModel(decode_ms=costs["decode_ms"])
+    assert cost.decode(3) == pytest.approx(BASE_MS[3], abs=1e-3)
+    assert cost.decode(3) > (BASE_MS[2] + BASE_MS[4]) / 2 + 0.05

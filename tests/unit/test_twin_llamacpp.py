@@ -4,6 +4,8 @@ shown to fail on a model with that rule planted wrong."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from factories import make_backend
 
@@ -12,7 +14,7 @@ from coopsched.core import Request, SchedulerConfig
 from coopsched.engine import Engine
 from coopsched.twins import make_scheduler
 from coopsched.twins.llamacpp import LlamaCppModel
-from mocks import CostModel
+from mocks import CostModel, MockBackend
 
 # flat prices, so every step's length is a sum of terms: prefill 2 + 0.5 a token, any decode or
 # verify forward 5, a draft call 1 a drafted position
@@ -23,8 +25,8 @@ COST = CostModel(prefill_fixed_ms=2.0, prefill_per_token_ms=0.5, draft_prefill_p
 class RecordingBackend:
     """The mock, recording each draft call's (rows, drafted tokens per row)."""
 
-    def __init__(self, accept_prob: float) -> None:
-        self.mock = make_backend(ManualClock(), cost=COST, accept_prob=accept_prob)
+    def __init__(self, accept_prob: float, cost: CostModel = COST) -> None:
+        self.mock = make_backend(ManualClock(), cost=cost, accept_prob=accept_prob)
         self.drafts: list[tuple[int, int]] = []
 
     def __getattr__(self, name):
@@ -39,10 +41,10 @@ def prompt(n: int, salt: int = 0) -> tuple[int, ...]:
     return tuple(65 + (salt + i) % 26 for i in range(n))
 
 
-def simulate(requests, drafter: bool = False, accept_prob: float = 1.0, **params):
+def simulate(requests, drafter: bool = False, accept_prob: float = 1.0, cost: CostModel = COST, **params):
     """Per request its token times; and the draft calls."""
     config = SchedulerConfig(has_drafter=drafter, block_size=params.get("spec_draft_n_max", 3) + 1)
-    backend = RecordingBackend(accept_prob)
+    backend = RecordingBackend(accept_prob, cost)
     model = make_scheduler("llama.cpp", config, params)
     result = Engine(model, backend, backend.mock.clock).run(requests)
     times: dict[str, list[float]] = {r.id: [] for r in requests}
@@ -182,8 +184,8 @@ def test_one_k_for_the_plan_the_largest_cap():
 
 def test_every_param_names_the_flag_it_mirrors():
     assert {p.name for p in LlamaCppModel.PARAMS} == {"parallel", "batch_size", "cont_batching", "draft_model",
-                                                      "spec_draft_n_max", "spec_draft_n_min"}
-    assert all(p.flag.startswith("--") and p.meaning for p in LlamaCppModel.PARAMS)
+                                                      "spec_draft_n_max", "spec_draft_n_min", "frontend_ms"}
+    assert all((p.flag.startswith("--") or "no flag" in p.flag) and p.meaning for p in LlamaCppModel.PARAMS)
 
 
 @pytest.mark.parametrize("drafter, draft_model, speculated", [
@@ -201,8 +203,63 @@ def test_the_server_setting_wins_over_the_config_drafter(drafter, draft_model, s
     pytest.param(dict(batch_size=2.5), r"batch_size=2.5: want a whole number >= 1", id="fraction"),
     pytest.param(dict(cont_batching="no"), r"cont_batching='no': want true or false", id="text"),
     pytest.param(dict(draft_model=1), r"draft_model=1: want true, false or null", id="draft-number"),
+    pytest.param(dict(frontend_ms=-1.0), r"frontend_ms=-1.0: want a number of ms >= 0", id="negative-frontend"),
     pytest.param(dict(n_parallel=4), r"'n_parallel' unknown for a llama.cpp server; accepted: parallel", id="name"),
 ])
 def test_a_bad_param_is_named(params, match):
     with pytest.raises(ValueError, match=match):
         make_scheduler("llama.cpp", SchedulerConfig(), params)
+
+
+# -- a step's price grows with what its rows have cached (each position's attention reads it) --------
+CONTEXT = replace(COST, context_per_token_ms=0.01)
+
+
+def check_context_priced(times) -> None:
+    # "short": prefill 2 + 0.5 x 8, then decode steps of 5 + 0.01 x its cache (8, 9, 10 tokens);
+    # "long" alone at 22: prefill 2 + 0.5 x 40, one step at a cache of 40
+    assert times["short"] == pytest.approx([6.0, 11.08, 16.17, 21.27])
+    assert times["long"] == pytest.approx([44.0, 49.4])
+
+
+def short_then_long() -> list[Request]:
+    return [Request("short", prompt(8), 4), Request("long", prompt(40, 3), 2, arrival_ms=22.0)]
+
+
+def test_a_decode_step_costs_more_the_more_its_row_has_cached():
+    check_context_priced(simulate(short_then_long(), cost=CONTEXT, parallel=1)[0])
+
+
+def test_the_context_check_fails_on_a_mock_that_prices_by_width_alone(monkeypatch):
+    monkeypatch.setattr(MockBackend, "_context", lambda self, rows, positions: 0.0)
+    with pytest.raises(AssertionError):
+        check_context_priced(simulate(short_then_long(), cost=CONTEXT, parallel=1)[0])
+
+
+def test_a_verify_row_pays_its_cache_once_per_position():
+    # prefill 6; one draft call (3 ms) and a verify of 4 positions over a cache of 8: 5 + 0.01 x 32
+    times, calls = simulate([Request("r", prompt(8), 5)], drafter=True, cost=CONTEXT)
+    assert calls == [(1, 3)] and times["r"] == pytest.approx([6.0] + [14.32] * 4)
+
+
+def test_without_the_term_a_profile_prices_as_before():
+    assert simulate(short_then_long(), parallel=1)[0] == {"short": [6.0, 11.0, 16.0, 21.0], "long": [44.0, 49.0]}
+
+
+def test_the_frontend_delays_each_arrival_in_an_open_loop_run():
+    """The twin submits each request frontend_ms after the client sent it (HTTP, tokenizing), and
+    counts its TTFT from the send: the frontend is not charged inside a step the prompt joins."""
+    from harness.run import runner
+    from harness.run.scenario import RequestSpec, Scenario
+
+    cost = CostModel(prefill_fixed_ms=2.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0]])
+    scenario = Scenario("lone", requests=(RequestSpec("a", 0.0, 4, max_tokens=2), RequestSpec("b", 3.0, 4,
+                                                                                           max_tokens=2)))
+    ttft = {}
+    for frontend in (0.0, 5.0):
+        run = runner.execute(runner.priced(scenario, runner.Profile(cost, "llama.cpp", {"frontend_ms": frontend})),
+                             SchedulerConfig(has_drafter=False))
+        ttft[frontend] = [run.token_times[r.id][0] - r.arrival_ms for r in run.requests]
+    # a: prompt 4 ms; b, seen before a's first token, joins a's decode: one step of 4 + 4 ms
+    assert ttft[0.0] == [4.0, 4.0 + 8.0 - 3.0]
+    assert ttft[5.0] == [5.0 + 4.0, 9.0 + 8.0 - 3.0]

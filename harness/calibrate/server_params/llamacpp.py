@@ -1,4 +1,5 @@
-"""llama-server: what it reports (slots, a draft model), its draft cap and step costs from its own counts."""
+"""llama-server: what it reports (slots, a draft model), its draft cap, and its step costs by width and by
+the cache each step reads, from its own counts; its frontend time, which the twin delays arrivals by."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from collections.abc import Sequence
 
 from harness.calibrate.target import Server, text_prompt
 from harness.live import client
+from mocks.cost import CostModel
 
 from .kinds import Fitted, Say
 
 PROBE_TOKENS = 64   # a lone speculative request's budget: its rounds give the draft cap
 FRONTEND_PROBES = 5
-STEP_ROWS, STEP_TOKENS, STEP_REPEATS = (1, 2, 4), 48, 3
+# every width up to 4: a 3-row step costs about what 4 rows do on llama.cpp CPU, over the line between 2 and 4
+STEP_ROWS, STEP_TOKENS, STEP_REPEATS = (1, 2, 3, 4), 48, 5  # 5 passes: one stalled pass moves no median
+STEP_PROMPT, LONG_PROMPT = 16, 512  # characters: the points' prompts, and the long one (at most half a slot)
+LONG_ROWS = (1, 4)  # the points timed again at the long prompt
 
 
 def llamacpp_reported(props: dict | None, slots: list | None) -> tuple[dict, list[str]]:
@@ -51,11 +56,13 @@ def draft_cap(drafts: float, draft_tokens: float) -> tuple[int | None, str]:
 
 def frontend_overhead(pairs: Sequence[tuple[float, float]]) -> tuple[float, str]:
     """Per-request frontend time: a lone request's first token as the client saw it, less the
-    prompt time the server's `timings.prompt_ms` counted (HTTP, tokenizing, the hand-over)."""
+    prompt time the server's `timings.prompt_ms` counted (HTTP, tokenizing, the hand-over). The least
+    of the probes: another process on the core only lengthens it (seen: 2.1-98 ms at a load of 6,
+    0.6-0.8 ms on a quiet core), and the fitter takes it out of the prompt's fixed cost."""
     gaps = [ttft - prompt_ms for ttft, prompt_ms in pairs]
-    ms = max(statistics.median(gaps), 0.0) if gaps else 0.0
+    ms = max(min(gaps), 0.0) if gaps else 0.0
     shown = ", ".join(f"{g:.2f}" for g in gaps)
-    return round(ms, 4), f"frontend_ms = {ms:.3f}: median of client TTFT - timings.prompt_ms ({shown} ms)"
+    return round(ms, 4), f"frontend_ms = {ms:.3f}: the least client TTFT - timings.prompt_ms ({shown} ms)"
 
 
 def fit_llamacpp(server: Server) -> tuple[dict, list[str]]:
@@ -69,7 +76,10 @@ def fit_llamacpp(server: Server) -> tuple[dict, list[str]]:
         times = got.token_times_ms(got.sent_ns)
         if timings and times and isinstance(timings.get("prompt_ms"), (int, float)):
             pairs.append((times[0], float(timings["prompt_ms"])))
-    evidence.append(frontend_overhead(pairs)[1])
+    frontend, line = frontend_overhead(pairs)
+    evidence.append(line)
+    if pairs:
+        params["frontend_ms"] = frontend
     before = client.spec_counters(client.settled(lambda: client.try_scrape(url)))
     client.collect(url, body(text_prompt(32, "draft-cap"), PROBE_TOKENS, True))
     after = client.spec_counters(client.settled(lambda: client.try_scrape(url)))
@@ -93,43 +103,116 @@ def step_ms(predicted: Sequence[tuple[float, int]], rounds: float | None) -> flo
     return statistics.median(ms / (n - 1) for ms, n in predicted if n > 1)
 
 
+def mean_cached(prompt_n: int, predicted_n: int) -> float:
+    """The tokens a row holds in its cache over its steps after the first token, on average (the
+    prompt, then one more each step): what the mock's context term counts for a decode row."""
+    return prompt_n + max(predicted_n - 2, 0) / 2
+
+
+def context_slope(short: tuple[float, float], long: tuple[float, float], positions: int) -> float:
+    """ms per cached token per position, from a lone row's step (ms, mean cached tokens) at a short
+    and at a long prompt: each position's attention reads its row's whole cache."""
+    (short_ms, short_ctx), (long_ms, long_ctx) = short, long
+    if long_ctx <= short_ctx:
+        return 0.0
+    return max((long_ms - short_ms) / (positions * (long_ctx - short_ctx)), 0.0)
+
+
+def _timed(server: Server, rows: int, chars: int, speculates: bool, key: str) -> tuple[float, float, float] | None:
+    """One pass of `rows` requests of STEP_TOKENS decoding together: the step on the server's clock,
+    as the client sees it, and the rows' mean cached tokens (None: nothing was timed)."""
+    before = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
+    outs = server.together([server.body(text_prompt(chars, f"{key}:{i}"), STEP_TOKENS, False) for i in range(rows)])
+    after = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
+    timed = [(float(t["predicted_ms"]), int(t["predicted_n"]), got.token_times_ms(got.sent_ns),
+              int(t.get("prompt_n", 0)) + int(t.get("cache_n", 0)))
+             for got, t in zip(outs, map(_timings, outs)) if t and t.get("predicted_n")]
+    rounds = None
+    if speculates and before is not None and after is not None:
+        rounds = (after["drafts"] - before["drafts"]) / rows
+    if not timed or (rounds is not None and rounds <= 0):
+        return None
+    cached = statistics.mean(mean_cached(p, n) for _, n, _, p in timed)
+    return (step_ms([(ms, n) for ms, n, _, _ in timed], rounds),
+            step_ms([(times[-1] - times[0], n) for _, n, times, _ in timed if times], rounds), cached)
+
+
+def _measured(server: Server, rows: int, chars: int, speculates: bool) -> tuple[float, float, float, list] | None:
+    """STEP_REPEATS passes: the least step on the server's clock (a busy core only lengthens a step,
+    so the least is the compute's), the median of the step's price, the median cached tokens, and each
+    pass's client figure. A pass is priced as the client saw it, but never under the server's own
+    time: a first token delivered late, bunched with the next, shortens the client's span."""
+    got = [t for rep in range(STEP_REPEATS)
+           if (t := _timed(server, rows, chars, speculates, f"step:{rows}:{chars}:{rep}"))]
+    if not got:
+        return None
+    return (min(g[0] for g in got), statistics.median(max(g[0], g[1]) for g in got),
+            statistics.median(g[2] for g in got), [g[1] for g in got])
+
+
 def llamacpp_costs(server: Server, speculates: bool, n_max: int) -> tuple[dict, list[str]]:
     """Step costs with the server's own step counts, STEP_ROWS requests decoding together: the
     decode step at B rows (no draft model), or the step of B verify rows of K = n_max + 1 positions
     (a draft call and one verify batch), priced as a verify of B x K positions. A step is priced as
     the client sees it (the server's time plus its host and delivery work, which share the core);
-    the server's own time is the evidence beside it."""
-    points, evidence = [], []
+    the server's own time is the evidence beside it. A lone row at a long prompt prices the
+    positions' attention over their caches (context_per_token_ms), and the B-row points are that
+    step less their own rows' share."""
+    positions = n_max + 1 if speculates else 1
+    measured, evidence = {}, []
     for rows in STEP_ROWS:
-        served, seen = [], []
-        for rep in range(STEP_REPEATS):
-            before = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
-            outs = server.together([server.body(text_prompt(16, f"step:{rows}:{rep}:{i}"), STEP_TOKENS, False)
-                                    for i in range(rows)])
-            after = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
-            timed = [(float(t["predicted_ms"]), int(t["predicted_n"]), got.token_times_ms(got.sent_ns))
-                     for got, t in zip(outs, map(_timings, outs)) if t and t.get("predicted_n")]
-            rounds = None
-            if speculates and before is not None and after is not None:
-                rounds = (after["drafts"] - before["drafts"]) / rows
-            if timed and (rounds is None or rounds > 0):
-                served.append(step_ms([(ms, n) for ms, n, _ in timed], rounds))
-                seen.append(step_ms([(times[-1] - times[0], n) for _, n, times in timed if times], rounds))
-        if served:
-            ms, client_ms = statistics.median(served), statistics.median(seen)
-            points.append([rows * (n_max + 1) if speculates else rows, round(client_ms, 4)])
-            evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {client_ms:.3f} ms as the "
-                            f"client sees it, {ms:.3f} ms on the server's clock (timings.predicted_ms), so "
-                            f"{client_ms - ms:+.3f} ms of host and delivery a step (over "
+        if (m := _measured(server, rows, STEP_PROMPT, speculates)) is not None:
+            measured[rows] = m
+            ms, client_ms, cached, seen = m
+            evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {client_ms:.3f} ms (median), "
+                            f"at least {ms:.3f} ms on the server's clock (timings.predicted_ms), so "
+                            f"{client_ms - ms:+.3f} ms of host, delivery and a busy core a step (over "
                             f"{'rounds' if speculates else 'tokens - 1'}; the client's "
-                            f"{', '.join(f'{x:.3f}' for x in seen)})")
-    if not points:
+                            f"{', '.join(f'{x:.3f}' for x in seen)}; {cached:.0f} tokens cached a row)")
+    if not measured:
         return {}, ["no step timed from the server's timings: the calibrated decode terms are kept"]
-    if not speculates:
-        return {"decode_ms": points}, evidence
-    # every step's positions priced alike: a verify batch, and a decode or fused step by its width
-    return {"verify_ms": points, "decode_ms": points, "round_ms": None, "draft_per_token_ms": 0.0,
-            "fused_padding": "ragged"}, evidence
+    slope, line = _context_term(server, measured, speculates, positions)
+    evidence.append(line)
+    points = [[rows * positions, round(max(client_ms - slope * rows * positions * cached, 0.0), 4)]
+              for rows, (_, client_ms, cached, _) in measured.items()]
+    costs: dict = {"decode_ms": points, "context_per_token_ms": round(slope, 6)}
+    if speculates:  # every step's positions priced alike: a verify batch, and a decode or fused step by its width
+        costs.update(verify_ms=points, round_ms=None, draft_per_token_ms=0.0, fused_padding="ragged")
+    return costs, evidence
+
+
+def _context_term(server: Server, measured: dict, speculates: bool, positions: int) -> tuple[float, str]:
+    """context_per_token_ms: the lone row and the LONG_ROWS rows again at LONG_PROMPT characters (at most
+    half a slot's context), each against its own short point; the mean of their slopes."""
+    chars = min(LONG_PROMPT, (server.context_tokens or 2 * LONG_PROMPT) // 2)
+    slopes, said = [], []
+    for rows in (r for r in LONG_ROWS if r in measured):
+        if (long := _measured(server, rows, chars, speculates)) is None:
+            continue
+        short = measured[rows]
+        # on the server's clock: the slope is the compute's, whatever the delivery does
+        slopes.append(context_slope((short[0], short[2]), (long[0], long[2]), rows * positions))
+        said.append(f"B={rows}: {long[0]:.3f} ms at {long[2]:.0f} tokens cached a row against {short[0]:.3f} ms "
+                    f"at {short[2]:.0f}")
+    if not slopes:
+        return 0.0, "context_per_token_ms = 0: no step timed at a short and a long prompt"
+    slope = statistics.mean(slopes)
+    return slope, (f"context_per_token_ms = {slope:.6f}: steps at a long prompt ({'; '.join(said)}), over "
+                   f"{positions} position(s) a row (each position's attention reads its row's cache); the points "
+                   "above are priced less their own rows' share")
+
+
+def prompt_fixed(profile: dict, frontend_ms: float, evidence: list[str]) -> dict:
+    """The prompt forward's fixed cost without the frontend: the TTFT fit's intercept holds both, but
+    the frontend runs before the slot loop sees the request (the twin delays each arrival by
+    frontend_ms), so a step that joins a prompt to the generating slots is not charged it."""
+    fixed = profile.get("prefill_fixed_ms")
+    if not frontend_ms or not isinstance(fixed, (int, float)):
+        return {}
+    ms = round(max(fixed - frontend_ms, 0.0), 4)
+    evidence.append(f"prefill_fixed_ms = {ms:g}: the TTFT fit's {fixed:g} less the frontend's {frontend_ms:g} ms "
+                    "(the twin delays each arrival by it instead)")
+    return {"prefill_fixed_ms": ms}
 
 
 def _timings(got: client.Collected) -> dict | None:
@@ -143,7 +226,9 @@ def fit_llama_cpp(server: Server, profile: dict, fitted: dict, say: Say) -> Fitt
     params, lines = fit_llamacpp(server)
     speculates = bool(params.get("draft_model", fitted.get("speculates")))
     costs, more = llamacpp_costs(server, speculates, int(params.get("spec_draft_n_max", 3)))
+    costs.update(prompt_fixed(profile, float(params.get("frontend_ms", 0.0)), more))
     for line in (*lines, *more):
         say(f"llama.cpp: {line}")
-    return params, {"says": [*lines, *more], "replaced": {k: profile.get(k) for k in costs}}, costs
+    defaults = CostModel().to_json()  # a term the profile lacks is replaced from its default (0: off)
+    return params, {"says": [*lines, *more], "replaced": {k: profile.get(k, defaults.get(k)) for k in costs}}, costs
 
