@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -22,6 +23,7 @@ class Exposed(NamedTuple):
     metric_names: frozenset[str] = frozenset()
     server_header: str = ""
     not_found: bytes | None = None    # the body of /metrics when it answered 404
+    models_unreadable: bool = False   # /v1/models answered 200 with no JSON body
 
 
 def kind_of(exposed: Exposed) -> tuple[str, str]:
@@ -43,11 +45,14 @@ def kind_of(exposed: Exposed) -> tuple[str, str]:
     if any(name.startswith("llamacpp:") for name in metrics) or "llamacpp" in owners:
         return "llama.cpp", "/metrics has llamacpp: series" if metrics else "/v1/models owned_by 'llamacpp'"
     # any stdlib server sends that header (the test fakes too): mlx_lm.server also lists models
-    # without owned_by and answers a path it lacks with a bare "Not Found"
-    if (exposed.server_header.startswith("BaseHTTP") and exposed.models and owners <= {""}
+    # without owned_by (or, with no Hugging Face cache to scan, sends 200 and no body) and answers a
+    # path it lacks with a bare "Not Found"
+    listed = bool(exposed.models) and owners <= {""}
+    if (exposed.server_header.startswith("BaseHTTP") and (listed or exposed.models_unreadable)
             and (exposed.not_found or b"").strip() == b"Not Found"):
+        models = "lists models without owned_by" if listed else "answers 200 with no body (no Hugging Face cache)"
         return "mlx-lm", (f"the Server header is Python's http.server ({exposed.server_header!r}), /v1/models "
-                          "lists models without owned_by and /metrics answers a bare 404 Not Found: mlx_lm.server")
+                          f"{models} and /metrics answers a bare 404 Not Found: mlx_lm.server")
     return UNKNOWN, ("no rule matched: no /health mode, no vllm:/llamacpp:/coopsched_ metrics, no /props, "
                      f"/v1/models owned_by {sorted(owners) or 'absent'}, Server header "
                      f"{exposed.server_header or 'absent'!r}")
@@ -63,22 +68,29 @@ def exposed_by(url: str) -> Exposed:
     text = body.decode("utf-8", errors="replace") if status == 200 else ""
     names = frozenset(line.split("{")[0].split()[0] for line in text.splitlines()
                       if line.strip() and not line.startswith("#"))
+    header, unreadable = models_answer(url)
     return Exposed(client.get_json(url, "/health") or {}, [m for m in models if isinstance(m, dict)],
-                   client.get_json(url, "/props"), names, server_header(url), body if status == 404 else None)
+                   client.get_json(url, "/props"), names, header, body if status == 404 else None, unreadable)
 
 
-def server_header(url: str) -> str:
+def models_answer(url: str) -> tuple[str, bool]:
+    """/v1/models' Server header, and whether it answered 200 with a body that is not JSON."""
     host, port, prefix = client.split_url(url)
     conn = http.client.HTTPConnection(host, port, timeout=5.0)
     try:
         conn.request("GET", prefix + "/v1/models")
         response = conn.getresponse()
-        response.read()
-        return response.getheader("Server", "") or ""
+        body = response.read()
     except OSError:
-        return ""
+        return "", False
     finally:
         conn.close()
+    try:
+        json.loads(body)
+        unreadable = False
+    except ValueError:
+        unreadable = response.status == 200
+    return response.getheader("Server", "") or "", unreadable
 
 
 def detect_kind(url: str) -> tuple[str, str]:

@@ -23,6 +23,10 @@ LLAMA_PROPS = {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4}
      "owned_by 'coopsched'"),
     (Exposed(models=[{"id": "m", "object": "model"}], server_header="BaseHTTP/0.6 Python/3.11.7",
              not_found=b"Not Found"), "mlx-lm", "mlx_lm.server"),
+    # mlx_lm.server with no Hugging Face cache: its /v1/models sends 200, then no body
+    (Exposed(server_header="BaseHTTP/0.6 Python/3.11.7", not_found=b"Not Found", models_unreadable=True),
+     "mlx-lm", "no Hugging Face cache"),
+    (Exposed(server_header="BaseHTTP/0.6 Python/3.11.7", not_found=b"Not Found"), "unknown", "no rule matched"),
     # a stdlib fake (the tests' own servers) that answers a JSON 404 is not mlx_lm.server
     (Exposed(models=[{"id": "m", "object": "model"}], server_header="BaseHTTP/0.6 Python/3.11.7",
              not_found=b'{"error": {"message": "not found"}}'), "unknown", "no rule matched"),
