@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
@@ -98,9 +99,12 @@ def _spell(kinds: list[str]) -> str:
 
 
 def _bars(ax, spans, y, height, color, gid, **kw):
+    """The rectangles broken_barh would draw, added without autoscaling: broken_barh rescales the
+    shared axes on every call (quadratic in the bars); timeline_figure sets the limits once."""
     if spans:
-        ax.broken_barh([(a, b - a) for a, b, *_ in spans], (y - height / 2, height), facecolors=color,
-                       gid=gid, **kw)
+        y0, y1 = y - height / 2, y - height / 2 + height
+        verts = [[(a, y0), (a, y1), (b, y1), (b, y0)] for a, b, *_ in spans]
+        ax.add_collection(PolyCollection(np.array(verts), facecolors=color, gid=gid, **kw), autolim=False)
 
 
 def _annotate_stall(ax, d: dict, span: float) -> None:
@@ -140,6 +144,8 @@ def timeline_figure(traces: Sequence[Mapping]) -> tuple[Figure, list[dict]]:
                     markersize=7, color="#222222", markeredgewidth=0.8, gid=f"{rid}:tokens")
         if d["classic_stall"]:
             _annotate_stall(ax, d, span)
+        if d["ticks"]:  # every bar lies within the ticks' extent (ax.plot adds the tokens' own)
+            ax.update_datalim([(min(t[0] for t in d["ticks"]), 0), (max(t[1] for t in d["ticks"]), 0)], updatey=False)
         ax.set_yticks(range(len(labels)), labels, fontsize=9)
         ax.set_ylim(len(labels) - 0.4, -0.6)
         ax.set_title(f"{d['scenario']} - mode {d['mode']}", loc="left", fontsize=11, fontweight="bold")

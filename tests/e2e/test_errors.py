@@ -12,7 +12,7 @@ from e2e_servers import serve, wait_for
 
 from harness.live.client import collect
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # no wall-clock verdict: may run beside another test
 
 CONTEXT = 4096
 LONG_PROMPT = "x" * (CONTEXT + 10)

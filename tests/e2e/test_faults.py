@@ -31,7 +31,7 @@ from schemathesis.checks import (
 
 from harness.live.client import StreamError, stream
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # no wall-clock verdict: may run beside another test
 
 FAULT_SERVER = Path(__file__).with_name("fault_server.py")
 FUZZ_EXAMPLES = 200  # per operation and generation mode: ~900 requests in all

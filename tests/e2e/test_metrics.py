@@ -18,7 +18,7 @@ from coopsched.engine import Engine
 from coopsched.env import Gates
 from mocks import CostModel, MockBackend, MockDrafter
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # no wall-clock verdict: may run beside another test
 
 # (prompt, max_tokens, speculative): two speculative, one classic, sent together
 REQUESTS = [("metrics agree", 60, True), ("with the trace", 45, True), ("classic row", 80, False)]

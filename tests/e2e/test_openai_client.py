@@ -11,7 +11,7 @@ from e2e_servers import serve
 
 openai = pytest.importorskip("openai")
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # no wall-clock verdict: may run beside another test
 
 CHAT = [{"role": "user", "content": "hello"}]
 

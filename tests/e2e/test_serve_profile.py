@@ -9,7 +9,7 @@ import pytest
 
 from coopsched.server import cli as server_cli
 
-pytestmark = pytest.mark.e2e  # the server's extra is installed in the e2e env
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # the server's extra is installed in the e2e env; no wall clock
 
 
 def host_for(argv: list[str]):
