@@ -64,11 +64,12 @@ def test_an_arrival_stall_is_the_excess_of_the_gaps_from_its_send_to_its_first_t
     base, excess = sp.arrival_stalls(times, [(41.0, 53.0)])
     assert base == 4.0 and excess == [5.0]
     assert sp.arrival_stalls(times, [(100.0, 110.0)])[1] == [0.0]  # an arrival over plain steps: none
+    assert sp.arrival_stalls(times, [(170.0, 180.0)])[1] == []  # after the stream's last token: not counted
 
 
 class StallServer:
     """A server whose stream is `times`, and whose one-token arrivals answer `ttft_ms` after their send."""
-    url = "http://stall"
+    url, context_tokens = "http://stall", 1024
 
     def __init__(self, times: list[float], ttft_ms: float) -> None:
         self.times, self.ttft_ms = times, ttft_ms
@@ -121,7 +122,16 @@ def _prompt_not_taken_out(mp):
     mp.setattr(sp, "folded", lambda samples: {})
 
 
+def _arrivals_after_the_stream_counted(mp):
+    """An arrival after the stream's end counted as a stall of 0 (it pulled the median down)."""
+    real = sp.arrival_stalls
+    mp.setattr(sp, "arrival_stalls", lambda times, arrivals: (real(times, arrivals)[0], [
+        real(times, [a])[1][0] if real(times, [a])[1] else 0.0 for a in arrivals]))
+
+
 PLANTS = {
+    "after-the-stream-counted": (_arrivals_after_the_stream_counted, lambda mp: (
+        test_an_arrival_stall_is_the_excess_of_the_gaps_from_its_send_to_its_first_token())),
     "window-from-first-token": (_window_from_first_token,
                                 test_the_stall_probe_fits_the_median_stall_less_the_arrivals_own_prompt),
     "prompt-not-taken-out": (_prompt_not_taken_out,

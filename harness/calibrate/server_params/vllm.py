@@ -23,7 +23,8 @@ STEPS = "vllm:iteration_tokens_total_count"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 STEP_PROMPT, LONG_PROMPT = 16, 448  # characters: the step points' prompts, the long one (4 of them fit the budget)
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
-STALL_ARRIVALS, STALL_GAP_MS, STALL_TOKENS = 8, 90.0, 320  # a stream decoding past 8 arrivals 90 ms apart
+# a stream decoding past 8 arrivals 90 ms apart (600 tokens: ngram's bunches end 320 before the last ones)
+STALL_ARRIVALS, STALL_GAP_MS, STALL_TOKENS = 8, 90.0, 600
 
 
 @dataclass
@@ -243,24 +244,28 @@ def probe_ttfts(server: Server, num_requests: int = 6) -> list[float]:
 def arrival_stalls(stream_ms: list[float], arrivals: list[tuple[float, float]]) -> tuple[float, list[float]]:
     """(a decoding stream's median gap, and per arrival (send, first token), on the stream's clock,
     how much longer than that median the stream's gaps from the send to that first token took): what
-    the arrival cost the engine's core besides its own prompt."""
+    the arrival cost the engine's core besides its own prompt. Arrivals after the stream are left out."""
     gaps = list(pairwise(stream_ms))
     base = float(np.median([b - a for a, b in gaps])) if gaps else 0.0
     excess = []
     for send, first in arrivals:
+        if not stream_ms or first >= stream_ms[-1]:
+            continue  # the stream was over (ngram's bunched tokens end it early): nothing to stretch
         window = [b - a for a, b in gaps if b > send and a < first]
         excess.append(sum(window) - base * len(window))
     return base, excess
 
 
 def stall_probe(out: VllmFit, server: Server, profile: dict, arrivals: int = STALL_ARRIVALS) -> None:
-    """frontend_stall_ms: one request decoding STALL_TOKENS while `arrivals` one-token requests are sent
-    STALL_GAP_MS apart; the median stretch of its steps over each arrival, less the arrival's prompt
-    at the profile's per-token prefill price (the twin charges that in the step it joins)."""
+    """frontend_stall_ms: one request decoding STALL_TOKENS (within the context) while `arrivals`
+    one-token requests are sent STALL_GAP_MS apart; the median stretch of its steps over each
+    arrival, less the arrival's prompt at the profile's per-token prefill price (the twin charges
+    that in the step it joins)."""
     scrape: Callable[[], dict[str, float] | None] = lambda: client.try_scrape(server.url)
     before = folded(client.settled(scrape))
     key = time.monotonic_ns()
-    bodies = [server.body(text_prompt(STEP_PROMPT, f"stall:{key}"), STALL_TOKENS, False)] + [
+    tokens = min(STALL_TOKENS, (server.context_tokens or 2 * STALL_TOKENS) - 2 * STEP_PROMPT)
+    bodies = [server.body(text_prompt(STEP_PROMPT, f"stall:{key}"), tokens, False)] + [
         server.body(text_prompt(STEP_PROMPT, f"stall:{key}:{i}"), 1, False) for i in range(arrivals)]
     outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(arrivals)])
     after = folded(client.settled(scrape))
