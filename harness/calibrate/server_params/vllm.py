@@ -1,4 +1,5 @@
-"""vLLM: its running cap, step cost per batch, K and ngram acceptance from its own /metrics."""
+"""vLLM: its running cap, step cost per batch and by the rows' caches, K and ngram acceptance from its
+own /metrics; its frontend's share of TTFT, and the engine-core time each arrival's frontend work takes."""
 
 from __future__ import annotations
 
@@ -149,8 +150,9 @@ def context_term(server: Server, scrape: Callable[[], dict[str, float] | None],
 
 def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     """What the vllm twin needs beyond the cost fit: max_num_seqs (a concurrency probe), K and the
-    acceptance (vllm:spec_decode_*), one step's cost per batch (iteration counts), and the
-    frontend's share of TTFT (vLLM's own queue and prefill times beside the clients' TTFT)."""
+    acceptance (vllm:spec_decode_*), one step's cost per batch (iteration counts) and per cached token
+    (the same at a long prompt), the frontend's stall of the engine's core (a stream's steps around
+    arrivals) and its share of TTFT (vLLM's own queue and prefill times beside the clients' TTFT)."""
     out = VllmFit(say)
     scrape: Callable[[], dict[str, float] | None] = lambda: client.try_scrape(server.url)
     raw = scrape()
