@@ -42,11 +42,14 @@ class StepModel:
     kind: ClassVar[str] = ""
     PARAMS: ClassVar[tuple[Param, ...]] = ()
     frontend_ms: float = 0.0  # from a client's send to this scheduler seeing the request (the runner shifts arrivals)
+    frontend_stall_ms: float = 0.0  # engine-core time each arrival's frontend takes (the runner stretches forwards)
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
                  keep_history: bool = True, vocab: Vocab | None = None) -> None:
         self.config = config
         self.params = self.resolve(params or {})
+        self.frontend_ms = self.ms_param("frontend_ms")
+        self.frontend_stall_ms = self.ms_param("frontend_stall_ms")
         self.vocab = vocab
         self.kv = KVSlotPool(config.num_kv_slots, config.slot_tokens)
         self.obs = BatchObservability(keep_history)
@@ -65,6 +68,13 @@ class StepModel:
             raise ValueError(f"server_params {', '.join(map(repr, unknown))} unknown for a {cls.kind} server; "
                              f"accepted: {', '.join(known) or 'none'}")
         return {**known, **params}
+
+    def ms_param(self, name: str) -> float:
+        """A duration param in ms (0 when this kind has none by that name)."""
+        value = self.params.get(name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+            raise ValueError(f"server_params {name}={value!r}: a {self.kind} twin wants a number of ms >= 0")
+        return float(value)
 
     # -- intake ---------------------------------------------------------------
     def validate(self, request: Request) -> None:

@@ -56,10 +56,6 @@ class LlamaCppModel(StepModel):
         if draft_model is not None and not isinstance(draft_model, bool):
             raise ValueError(f"server_params draft_model={draft_model!r}: want true, false or null")
         self.draft_model: bool | None = draft_model
-        frontend = self.params["frontend_ms"]
-        if isinstance(frontend, bool) or not isinstance(frontend, (int, float)) or not 0 <= frontend < 1e6:
-            raise ValueError(f"server_params frontend_ms={frontend!r}: want a number of ms >= 0")
-        self.frontend_ms = float(frontend)
         self._slot_of: dict[str, int] = {}             # seq_id -> the slot it holds
         self._last_used = [0] * self.parallel          # per slot: the step it was last freed (LRU)
         self._steps = 0

@@ -37,6 +37,9 @@ class VllmModel(StepModel):
         Param("frontend_ms", 0.0, "(the API server process: no flag)",
               "ms from a client's send to the engine's scheduler seeing the request (HTTP, tokenizing, "
               "IPC): an open-loop twin submits each request that much later and counts TTFT from its send"),
+        Param("frontend_stall_ms", 0.0, "(the API server sharing the engine's core: no flag)",
+              "ms of the engine's core each arrival's frontend work takes from its send (the API server "
+              "process on the same core): a forward it overlaps is stretched by it (0: a core of its own)"),
     )
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
@@ -48,10 +51,6 @@ class VllmModel(StepModel):
         self.token_budget = _count(self.params, "max_num_batched_tokens", 1)
         self.num_spec = _count(self.params, "num_speculative_tokens", 0)  # K: proposals a row a step
         self.chunked = bool(self.params["enable_chunked_prefill"])
-        frontend = self.params["frontend_ms"]
-        if isinstance(frontend, bool) or not isinstance(frontend, (int, float)) or not 0 <= frontend < 1e6:
-            raise ValueError(f"server_params frontend_ms={frontend!r}: a vllm twin wants a number of ms >= 0")
-        self.frontend_ms = float(frontend)
 
     @property
     def speculates(self) -> bool:

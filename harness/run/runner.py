@@ -20,6 +20,7 @@ from coopsched.env import Gates
 from coopsched.twins import KINDS, UNKNOWN, StepModel, make_scheduler, model_class
 from harness.run import metrics
 from harness.run.scenario import Scenario
+from harness.run.shared_core import SharedCoreClock
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
 BackendFactory = Callable[[object, Scenario, int], ModelBackend]  # (clock, scenario, seed) -> backend
@@ -124,17 +125,20 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
             speculative: bool | None = None, backend_factory: BackendFactory = mock_backend,
             clock=None) -> Run:
     clock = clock or ManualClock()
-    backend = reports_live_caches(backend_factory(clock, scenario, seed))
     params = {k: v for k, v in scenario.server.items() if k != "kind"}
     scheduler = make_scheduler(server_kind(scenario), config, params)
     requests = scenario.build_requests(seed, speculative)
+    arrivals = scenario.arrivals(requests)
+    twin = scheduler if isinstance(scheduler, StepModel) and isinstance(arrivals, list) else None  # open loop
+    stall = twin.frontend_stall_ms if twin else 0.0  # the frontend's work on the engine's core, from each send
+    charged = SharedCoreClock(clock, [r.arrival_ms for r in requests], stall) if stall else clock
+    backend = reports_live_caches(backend_factory(charged, scenario, seed))
     token_times: dict[str, list[float]] = {r.id: [] for r in requests}
 
     def record(event) -> None:
         token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
 
-    arrivals = scenario.arrivals(requests)
-    frontend = scheduler.frontend_ms if isinstance(scheduler, StepModel) and isinstance(arrivals, list) else 0.0
+    frontend = twin.frontend_ms if twin else 0.0
     for request in requests if frontend else ():  # open loop: each reaches the scheduler that much later ...
         request.arrival_ms += frontend
     try:

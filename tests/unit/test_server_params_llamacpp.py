@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from harness.calibrate.server_params import llamacpp
+from harness.calibrate.server_params.context import context_slope, mean_cached
 from harness.calibrate.server_params.llamacpp import (
-    context_slope,
     draft_cap,
     frontend_overhead,
     llamacpp_reported,
-    mean_cached,
     prompt_fixed,
     step_ms,
 )

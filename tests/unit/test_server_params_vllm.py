@@ -46,3 +46,121 @@ def test_acceptance_gives_the_counted_tokens_per_row_step():
 
 def test_acceptance_is_none_without_drafts():
     assert sp.ngram_acceptance(counters(0, 0, 0, 0, 0), counters(100, 2, 0, 0, 0), 4) is None
+
+
+# -- the frontend's stall of the engine's core, from a stream's gaps around arrivals ---------------------
+def stream(n: int, step: float, stalls: dict[int, float]) -> list[float]:
+    """Token times of a stream decoding `step` ms a token, the gap before token i `stalls[i]` longer."""
+    times, now = [], 0.0
+    for i in range(n):
+        now += step + stalls.get(i, 0.0)
+        times.append(now)
+    return times
+
+
+def test_an_arrival_stall_is_the_excess_of_the_gaps_from_its_send_to_its_first_token():
+    # 4 ms steps; an arrival sent at 41 (first token at 52) stretches the gap ending near 49 by 5 ms
+    times = stream(40, 4.0, {12: 5.0})
+    base, excess = sp.arrival_stalls(times, [(41.0, 53.0)])
+    assert base == 4.0 and excess == [5.0]
+    assert sp.arrival_stalls(times, [(100.0, 110.0)])[1] == [0.0]  # an arrival over plain steps: none
+    assert sp.arrival_stalls(times, [(170.0, 180.0)])[1] == []  # after the stream's last token: not counted
+
+
+class StallServer:
+    """A server whose stream is `times`, and whose one-token arrivals answer `ttft_ms` after their send."""
+    url, context_tokens = "http://stall", 1024
+
+    def __init__(self, times: list[float], ttft_ms: float) -> None:
+        self.times, self.ttft_ms = times, ttft_ms
+
+    def body(self, prompt, max_tokens, speculative):
+        return {"prompt": prompt, "max_tokens": max_tokens}
+
+    def together(self, bodies, offsets):
+        from harness.live.client import Arrival, Collected
+
+        def got(sent_ms, times):
+            return Collected(int(sent_ms * 1e6), [Arrival(int(t * 1e6), 1, None, "x", None, None, {}) for t in times])
+        return [got(0.0, self.times)] + [got(o, [o + self.ttft_ms]) for o in offsets[1:]]
+
+
+def test_the_stall_probe_fits_the_median_stall_less_the_arrivals_own_prompt(monkeypatch):
+    # every arrival (90 ms apart) stretches the step it lands in by 5.5 ms; its 16-token prompt at
+    # 0.03 ms a token is the twin's to charge, so 5.5 - 0.48 is the frontend's
+    sends = [90.0 * (i + 1) for i in range(sp.STALL_ARRIVALS)]
+    times, now = [], 0.0
+    while len(times) < sp.STALL_TOKENS:
+        now += 4.0 + (5.5 if any(now < s <= now + 4.0 for s in sends) else 0.0)
+        times.append(now)
+    prompts = iter([{sp.PROMPT_TOKENS: 0.0}, {sp.PROMPT_TOKENS: 16.0 * (sp.STALL_ARRIVALS + 1)}])
+    monkeypatch.setattr(sp.client, "settled", lambda scrape: next(prompts))
+    out = sp.VllmFit(lambda line: None)
+    sp.stall_probe(out, StallServer(times, 12.0), {"prefill_per_token_ms": 0.03})
+    assert out.params["frontend_stall_ms"] == pytest.approx(5.5 - 0.48)
+    assert "the API server's work shares the engine's core" in out.lines[-1]
+
+
+def test_no_stall_is_fitted_where_the_arrivals_cost_only_their_prompts(monkeypatch):
+    times = stream(sp.STALL_TOKENS, 4.0, {})
+    prompts = iter([{sp.PROMPT_TOKENS: 0.0}, {sp.PROMPT_TOKENS: 16.0 * (sp.STALL_ARRIVALS + 1)}])
+    monkeypatch.setattr(sp.client, "settled", lambda scrape: next(prompts))
+    out = sp.VllmFit(lambda line: None)
+    sp.stall_probe(out, StallServer(times, 12.0), {"prefill_per_token_ms": 0.03})
+    assert out.params["frontend_stall_ms"] == 0.0
+
+
+# -- planted regressions: the rule removed, the tests above must fail ---------------------------------
+def _window_from_first_token(mp):
+    """The stall counted only from the arrival's first token (the frontend's share missed)."""
+    real = sp.arrival_stalls
+    mp.setattr(sp, "arrival_stalls", lambda times, arrivals: real(times, [(f, f + 1.0) for _, f in arrivals]))
+
+
+def _prompt_not_taken_out(mp):
+    """The arrivals' prompts not counted: the twin would charge them twice."""
+    mp.setattr(sp, "folded", lambda samples: {})
+
+
+def _arrivals_after_the_stream_counted(mp):
+    """An arrival after the stream's end counted as a stall of 0 (it pulled the median down)."""
+    real = sp.arrival_stalls
+    mp.setattr(sp, "arrival_stalls", lambda times, arrivals: (real(times, arrivals)[0], [
+        real(times, [a])[1][0] if real(times, [a])[1] else 0.0 for a in arrivals]))
+
+
+PLANTS = {
+    "after-the-stream-counted": (_arrivals_after_the_stream_counted, lambda mp: (
+        test_an_arrival_stall_is_the_excess_of_the_gaps_from_its_send_to_its_first_token())),
+    "window-from-first-token": (_window_from_first_token,
+                                test_the_stall_probe_fits_the_median_stall_less_the_arrivals_own_prompt),
+    "prompt-not-taken-out": (_prompt_not_taken_out,
+                             test_the_stall_probe_fits_the_median_stall_less_the_arrivals_own_prompt),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANTS))
+def test_planted_regression_is_caught(name, monkeypatch):
+    plant, check = PLANTS[name]
+    with monkeypatch.context() as mp:
+        plant(mp)
+        with pytest.raises(AssertionError):
+            check(mp)
+
+
+# -- the context term: steps at a long prompt against the short points ------------------------------------
+SHORT = {1: (3.30, 3.10, 39.0), 4: (3.90, 3.60, 39.0)}  # B: (median ms, least ms, cached tokens a row)
+
+
+def test_the_context_slope_is_the_mean_of_the_long_rows_slopes(monkeypatch):
+    # B=1: +0.1 ms over 400 more tokens (0.00025); B=4: +0.8 ms over 4 x 400 (0.0005) -> mean 0.000375
+    long = {1: (3.5, 3.2, 439.0), 4: (4.6, 4.4, 439.0)}
+    monkeypatch.setattr(sp, "step_costs", lambda server, scrape, batches, chars: {b: long[b] for b in batches})
+    slope, why = sp.context_term(None, lambda: None, SHORT)
+    assert slope == pytest.approx(0.000375)
+    assert "B=4: 4.400 ms at 439 tokens cached a row against 3.600 ms at 39" in why
+
+
+def test_the_points_are_the_steps_less_their_rows_own_cache():
+    assert sp.own_points(SHORT, 0.001) == [[1, pytest.approx(3.30 - 0.039)], [4, pytest.approx(3.90 - 0.156)]]
+    assert sp.own_points(SHORT, 0.0) == [[1, 3.3], [4, 3.9]]

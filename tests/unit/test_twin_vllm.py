@@ -103,7 +103,8 @@ def test_params_are_documented_with_the_flag_they_mirror():
     assert {p.name: p.flag for p in VllmModel.PARAMS} == {
         "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
         "num_speculative_tokens": "--speculative-config num_speculative_tokens",
-        "enable_chunked_prefill": "--enable-chunked-prefill", "frontend_ms": "(the API server process: no flag)"}
+        "enable_chunked_prefill": "--enable-chunked-prefill", "frontend_ms": "(the API server process: no flag)",
+        "frontend_stall_ms": "(the API server sharing the engine's core: no flag)"}
     with pytest.raises(ValueError, match="'max_num_seq' unknown"):
         make_scheduler("vllm", SchedulerConfig(), {"max_num_seq": 4})
     with pytest.raises(ValueError, match="max_num_seqs=0: a vllm twin wants an int >= 1"):

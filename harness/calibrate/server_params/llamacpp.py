@@ -11,6 +11,7 @@ from harness.calibrate.target import Server, text_prompt
 from harness.live import client
 from mocks.cost import CostModel
 
+from .context import context_slope, mean_cached
 from .kinds import Fitted, Say
 
 PROBE_TOKENS = 64   # a lone speculative request's budget: its rounds give the draft cap
@@ -101,21 +102,6 @@ def step_ms(predicted: Sequence[tuple[float, int]], rounds: float | None) -> flo
     if rounds is not None:
         return statistics.median(ms / rounds for ms, _ in predicted)
     return statistics.median(ms / (n - 1) for ms, n in predicted if n > 1)
-
-
-def mean_cached(prompt_n: int, predicted_n: int) -> float:
-    """The tokens a row holds in its cache over its steps after the first token, on average (the
-    prompt, then one more each step): what the mock's context term counts for a decode row."""
-    return prompt_n + max(predicted_n - 2, 0) / 2
-
-
-def context_slope(short: tuple[float, float], long: tuple[float, float], positions: int) -> float:
-    """ms per cached token per position, from a lone row's step (ms, mean cached tokens) at a short
-    and at a long prompt: each position's attention reads its row's whole cache."""
-    (short_ms, short_ctx), (long_ms, long_ctx) = short, long
-    if long_ctx <= short_ctx:
-        return 0.0
-    return max((long_ms - short_ms) / (positions * (long_ctx - short_ctx)), 0.0)
 
 
 def _timed(server: Server, rows: int, chars: int, speculates: bool, key: str) -> tuple[float, float, float] | None:

@@ -1,10 +1,12 @@
-"""vLLM: its running cap, step cost per batch, K and ngram acceptance from its own /metrics."""
+"""vLLM: its running cap, step cost per batch and by the rows' caches, K and ngram acceptance from its
+own /metrics; its frontend's share of TTFT, and the engine-core time each arrival's frontend work takes."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -12,12 +14,18 @@ from harness.calibrate import fit
 from harness.calibrate.target import Server, arrivals_ms, text_prompt
 from harness.live import client
 
+from .context import context_slope, mean_cached
 from .kinds import Fitted, Say
 
 VLLM_PROBE_REQUESTS, VLLM_PROBE_TOKENS = 16, 48
 VLLM_DEFAULT_MAX_NUM_SEQS = 128   # vLLM for CPU: `--max-num-seqs` of its OpenAI server, when the probe sees no cap
 VLLM_DEFAULT_BATCHED_TOKENS = 2048  # ... and its `--max-num-batched-tokens`
 STEPS = "vllm:iteration_tokens_total_count"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+STEP_PROMPT, LONG_PROMPT = 16, 448  # characters: the step points' prompts, the long one (4 of them fit the budget)
+LONG_ROWS = (1, 4)  # the points timed again at the long prompt
+# a stream decoding past 8 arrivals 90 ms apart (600 tokens: ngram's bunches end 320 before the last ones)
+STALL_ARRIVALS, STALL_GAP_MS, STALL_TOKENS = 8, 90.0, 600
 
 
 @dataclass
@@ -84,40 +92,67 @@ def concurrency_cap(server: Server, num_requests: int = VLLM_PROBE_REQUESTS) -> 
 
 
 def vllm_step_ms(server: Server, scrape: Callable[[], dict[str, float] | None], batch: int,
-                 num_tokens: int = VLLM_PROBE_TOKENS) -> float | None:
-    """One engine step with `batch` rows decoding: `batch` requests sent together, the time from the
-    first first token to the last token over the steps vLLM counted between them
-    (`vllm:iteration_tokens_total_count`); the clients' delivery bunching cancels out."""
+                 num_tokens: int = VLLM_PROBE_TOKENS, chars: int = STEP_PROMPT) -> tuple[float, float] | None:
+    """One engine step with `batch` rows decoding, and the rows' mean cached tokens over it: `batch`
+    requests sent together, the time from the first first token to the last token over the steps
+    vLLM counted between them (`vllm:iteration_tokens_total_count`); the clients' delivery bunching
+    cancels out. The prompts' tokens are vLLM's own count (`vllm:prompt_tokens_total`)."""
     before = folded(scrape())
-    outs = server.together([server.body(text_prompt(16, f"step:{batch}:{i}:{time.monotonic_ns()}"), num_tokens, False)
-                            for i in range(batch)])
+    outs = server.together([server.body(text_prompt(chars, f"step:{batch}:{chars}:{i}:{time.monotonic_ns()}"),
+                                        num_tokens, False) for i in range(batch)])
     after = folded(client.settled(scrape))
     steps = after.get(STEPS, 0.0) - before.get(STEPS, 0.0)
+    prompts = after.get(PROMPT_TOKENS, 0.0) - before.get(PROMPT_TOKENS, 0.0)
     origin = min(o.sent_ns for o in outs)
     times = [arrivals_ms(o, origin)[0] for o in outs]
     firsts, lasts = [t[0] for t in times if t], [t[-1] for t in times if t]
     if steps < 2 or not firsts:
         return None
-    return (max(lasts) - min(firsts)) / (steps - 1)
+    return (max(lasts) - min(firsts)) / (steps - 1), mean_cached(prompts / batch, num_tokens)
 
 
-
-def step_costs(server: Server, scrape: Callable[[], dict[str, float] | None],
-               batches: tuple[int, ...], repeats: int = 3) -> dict[int, float]:
-    """The median step per batch size, over `repeats` probes each (round-robin, so load spreads)."""
-    samples: dict[int, list[float]] = {b: [] for b in batches}
+def step_costs(server: Server, scrape: Callable[[], dict[str, float] | None], batches: tuple[int, ...],
+               repeats: int = 3, chars: int = STEP_PROMPT) -> dict[int, tuple[float, float, float]]:
+    """Per batch size over `repeats` probes each (round-robin, so load spreads): the median step,
+    the least (a busy core only lengthens a step) and the median cached tokens a row."""
+    samples: dict[int, list[tuple[float, float]]] = {b: [] for b in batches}
     for _ in range(repeats):
         for b in batches:
-            ms = vllm_step_ms(server, scrape, b)
-            if ms is not None:
-                samples[b].append(ms)
-    return {b: float(np.median(xs)) for b, xs in samples.items() if xs}
+            got = vllm_step_ms(server, scrape, b, chars=chars)
+            if got is not None:
+                samples[b].append(got)
+    return {b: (float(np.median([m for m, _ in xs])), min(m for m, _ in xs), float(np.median([c for _, c in xs])))
+            for b, xs in samples.items() if xs}
+
+
+def own_points(steps: dict[int, tuple[float, float, float]], slope: float) -> list[list[float]]:
+    """[B, ms] per batch size: the median step less its rows' attention over what they cached
+    (`slope` ms per cached token a row), which the twin charges by each row's own cache; made
+    monotone in B."""
+    own = [max(ms - slope * b * cached, 0.0) for b, (ms, _, cached) in steps.items()]
+    return [[b, round(v, 4)] for b, v in zip(steps, fit.monotone(own))]
+
+
+def context_term(server: Server, scrape: Callable[[], dict[str, float] | None],
+                 short: dict[int, tuple[float, float, float]]) -> tuple[float, str]:
+    """context_per_token_ms: the LONG_ROWS steps again at LONG_PROMPT characters, each against its own
+    short point (the least of the passes of each: the compute's), the mean of their slopes."""
+    long = step_costs(server, scrape, tuple(b for b in LONG_ROWS if b in short), chars=LONG_PROMPT)
+    slopes = [context_slope((short[b][1], short[b][2]), (got[1], got[2]), b) for b, got in long.items()]
+    if not slopes:
+        return 0.0, "context_per_token_ms 0: no step timed at a long prompt"
+    slope = float(np.mean(slopes))
+    said = "; ".join(f"B={b}: {got[1]:.3f} ms at {got[2]:.0f} tokens cached a row against {short[b][1]:.3f} ms "
+                     f"at {short[b][2]:.0f}" for b, got in long.items())
+    return slope, (f"context_per_token_ms {slope:.6f}: the least step at a long prompt ({said}; slopes "
+                   + ", ".join(f"{x:.6f}" for x in slopes) + "); the points are priced less their own rows' share")
 
 
 def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     """What the vllm twin needs beyond the cost fit: max_num_seqs (a concurrency probe), K and the
-    acceptance (vllm:spec_decode_*), one step's cost per batch (iteration counts), and the
-    frontend's share of TTFT (vLLM's own queue and prefill times beside the clients' TTFT)."""
+    acceptance (vllm:spec_decode_*), one step's cost per batch (iteration counts) and per cached token
+    (the same at a long prompt), the frontend's stall of the engine's core (a stream's steps around
+    arrivals) and its share of TTFT (vLLM's own queue and prefill times beside the clients' TTFT)."""
     out = VllmFit(say)
     scrape: Callable[[], dict[str, float] | None] = lambda: client.try_scrape(server.url)
     raw = scrape()
@@ -135,14 +170,19 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     k = spec_positions(raw)
     batches = tuple(b for b in (1, 2, 4, 8) if b <= int(out.params["max_num_seqs"]))
     steps = step_costs(server, scrape, batches)
+    slope, why = context_term(server, scrape, steps)
     timed = folded(client.settled(scrape))
     ttfts = probe_ttfts(server) + hot_ttfts(server)
     after = folded(client.settled(scrape))
-    points = [[b, round(v, 4)] for b, v in zip(steps, fit.monotone(list(steps.values())))]
+    width = 1 + k  # a step's positions a row: 1, or 1 + K verified
+    points = own_points(steps, slope)
     out.cost.update(decode_ms=points, round_ms=None, draft_per_token_ms=0.0, draft_prefill_per_token_ms=0.0,
-                    fused_padding="ragged", switch_ms=0.0, jitter_quantiles=None)
+                    fused_padding="ragged", switch_ms=0.0, jitter_quantiles=None,
+                    context_per_token_ms=round(slope / width, 7))
     out.note("one step (vllm:iteration_tokens_total between first and last tokens): "
-             + ", ".join(f"B={b} {ms:.2f} ms" for b, ms in points))
+             + ", ".join(f"B={b} {ms:.2f} ms at {cached:.0f} tokens cached" for b, (ms, _, cached) in steps.items()))
+    out.note(why if width == 1 else f"{why}, over {width} positions a row -> {slope / width:.7f} a position")
+    stall_probe(out, server, profile)
     if k:
         out.params["num_speculative_tokens"] = k
         out.cost["verify_ms"] = [[b * (k + 1), ms] for b, ms in points]  # a step verifies 1 + K a row
@@ -201,3 +241,46 @@ def probe_ttfts(server: Server, num_requests: int = 6) -> list[float]:
             ttfts.append(times[0])
         time.sleep(0.02)
     return ttfts
+
+
+def arrival_stalls(stream_ms: list[float], arrivals: list[tuple[float, float]]) -> tuple[float, list[float]]:
+    """(a decoding stream's median gap, and per arrival (send, first token), on the stream's clock,
+    how much longer than that median the stream's gaps from the send to that first token took): what
+    the arrival cost the engine's core besides its own prompt. Arrivals after the stream are left out."""
+    gaps = list(pairwise(stream_ms))
+    base = float(np.median([b - a for a, b in gaps])) if gaps else 0.0
+    excess = []
+    for send, first in arrivals:
+        if not stream_ms or first >= stream_ms[-1]:
+            continue  # the stream was over (ngram's bunched tokens end it early): nothing to stretch
+        window = [b - a for a, b in gaps if b > send and a < first]
+        excess.append(sum(window) - base * len(window))
+    return base, excess
+
+
+def stall_probe(out: VllmFit, server: Server, profile: dict, arrivals: int = STALL_ARRIVALS) -> None:
+    """frontend_stall_ms: one request decoding STALL_TOKENS (within the context) while `arrivals`
+    one-token requests are sent STALL_GAP_MS apart; the median stretch of its steps over each
+    arrival, less the arrival's prompt at the profile's per-token prefill price (the twin charges
+    that in the step it joins)."""
+    scrape: Callable[[], dict[str, float] | None] = lambda: client.try_scrape(server.url)
+    before = folded(client.settled(scrape))
+    key = time.monotonic_ns()
+    tokens = min(STALL_TOKENS, (server.context_tokens or 2 * STALL_TOKENS) - 2 * STEP_PROMPT)
+    bodies = [server.body(text_prompt(STEP_PROMPT, f"stall:{key}"), tokens, False)] + [
+        server.body(text_prompt(STEP_PROMPT, f"stall:{key}:{i}"), 1, False) for i in range(arrivals)]
+    outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(arrivals)])
+    after = folded(client.settled(scrape))
+    origin = outs[0].sent_ns
+    sent = [((o.sent_ns - origin) / 1e6, arrivals_ms(o, origin)[0]) for o in outs[1:]]
+    base, excess = arrival_stalls(arrivals_ms(outs[0], origin)[0], [(s, t[0]) for s, t in sent if t])
+    if not excess:
+        out.note("frontend_stall_ms not measured: no arrival had a first token")
+        return
+    prompt = (after.get(PROMPT_TOKENS, 0.0) - before.get(PROMPT_TOKENS, 0.0)) / len(bodies)
+    own = float(profile.get("prefill_per_token_ms") or 0.0) * prompt
+    out.params["frontend_stall_ms"] = round(max(float(np.median(excess)) - own, 0.0), 3)
+    out.note(f"frontend_stall_ms {out.params['frontend_stall_ms']}: a stream's steps (median {base:.2f} ms) "
+             f"took {float(np.median(excess)):.2f} ms longer over each of {len(excess)} arrivals (median; "
+             + ", ".join(f"{x:.1f}" for x in excess) + f" ms), less {own:.2f} ms of the arrival's {prompt:.0f}-token "
+             "prompt: the API server's work shares the engine's core")

@@ -1,0 +1,90 @@
+"""The frontend sharing the engine's core (frontend_stall_ms), in virtual time: each arrival's
+frontend work holds the core from its send, so a forward it overlaps ends that much later; the
+engine idle, it delays nothing but the request (frontend_ms). Each rule has a planted regression."""
+
+from __future__ import annotations
+
+import pytest
+
+from coopsched.core import SchedulerConfig
+from harness.run import runner, shared_core
+from harness.run.scenario import RequestSpec, Scenario
+from mocks import CostModel
+
+COST = CostModel(prefill_fixed_ms=0.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0], [2, 4.0]])
+
+
+def token_times(stall: float, frontend: float = 3.0, *, b_at: float = 9.0) -> dict[str, list[float]]:
+    """a (4-token prompt, 6 tokens) from 0, b (4-token prompt, 1 token) sent at `b_at`."""
+    scenario = Scenario("stall", requests=(RequestSpec("a", 0.0, 4, max_tokens=6),
+                                           RequestSpec("b", b_at, 4, max_tokens=1)))
+    params = {"frontend_ms": frontend, "frontend_stall_ms": stall}
+    run = runner.execute(runner.priced(scenario, runner.Profile(COST, "vllm", params)),
+                         SchedulerConfig(has_drafter=False))
+    return run.token_times
+
+
+def test_the_forward_an_arrival_overlaps_is_stretched_by_its_stall():
+    # a: seen at 3 (its own frontend's 3 ms over before), prompt 3-5, decodes 5-9, 9-13; b sent at 9
+    # takes 3 ms of the core from 9, so that forward ends at 16
+    plain, stalled = token_times(0.0), token_times(3.0)
+    assert plain["a"][:3] == [5.0, 9.0, 13.0]
+    assert stalled["a"][:3] == [5.0, 9.0, 16.0]
+    assert [t + 3.0 for t in plain["a"][2:]] == stalled["a"][2:]  # every later step 3 ms later, no more
+    assert stalled["b"][0] - plain["b"][0] == 3.0
+
+
+def test_an_idle_engine_is_not_stalled():
+    # a has finished by 40: b's frontend work runs while the engine waits for b (frontend_ms 5 > stall 3)
+    assert token_times(3.0, 5.0, b_at=40.0) == token_times(0.0, 5.0, b_at=40.0)
+
+
+def test_busy_spans_queue_behind_each_other():
+    assert shared_core.busy_spans([10.0, 12.0, 40.0], 5.0) == [(10.0, 20.0), (40.0, 45.0)]
+    assert shared_core.busy_spans([], 5.0) == []
+
+
+@pytest.mark.parametrize("start, work, end", [
+    (0.0, 5.0, 5.0),     # ends before the frontend's first span
+    (0.0, 12.0, 22.0),   # 10 ms, then the span (10, 20), then the 2 ms left
+    (11.0, 1.0, 21.0),   # begun inside a span: waits it out
+    (30.0, 20.0, 55.0),  # 10 ms, the span (40, 45), 10 ms
+    (50.0, 3.0, 53.0),   # after every span
+])
+def test_a_forward_ends_after_its_work_and_the_spans_it_overlaps(start, work, end):
+    assert shared_core.stretched_end([(10.0, 20.0), (40.0, 45.0)], start, work) == end
+
+
+# -- planted regressions: the rule removed, the tables above must fail -------------------------------
+def _no_stretch(mp):
+    mp.setattr(shared_core, "stretched_end", lambda spans, start, work: start + work)
+
+
+def _stall_when_idle(mp):
+    """Every arrival's stall charged to the first forward after its send, even one begun after it is over."""
+    charged: set = set()
+
+    def stretched(spans, start, work):
+        due = [s for s in spans if s[0] < start + work and s not in charged]
+        charged.update(due)
+        return start + work + sum(e - b for b, e in due)
+    mp.setattr(shared_core, "stretched_end", stretched)
+
+
+def _no_queueing(mp):
+    mp.setattr(shared_core, "busy_spans", lambda sends, stall: [(s, s + stall) for s in sorted(sends)])
+
+
+PLANTS = {
+    "stall-ignored": (_no_stretch, test_the_forward_an_arrival_overlaps_is_stretched_by_its_stall),
+    "idle-engine-stalled": (_stall_when_idle, test_an_idle_engine_is_not_stalled),
+    "spans-overlap": (_no_queueing, test_busy_spans_queue_behind_each_other),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANTS))
+def test_planted_regression_is_caught(name, monkeypatch):
+    plant, check = PLANTS[name]
+    plant(monkeypatch)
+    with pytest.raises(AssertionError):
+        check()
