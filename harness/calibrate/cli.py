@@ -340,11 +340,13 @@ def _heldout(args: argparse.Namespace, server, the_twin, before, config, console
     and on the twin (and `before`, the cost-only twin, beside it), behind a progress bar; with
     `keeps_books` (llama-server) each run's step books from /metrics beside the twins' counts."""
     import itertools
+    import secrets
 
     from harness.calibrate import books, target, twin
     from harness.live import client
 
-    prompt_seeds = itertools.count(heldout.SEED * 1000)
+    # fresh prompts every run, and every calibration: a prefix cache warm from an earlier one answers none
+    prompt_seeds = itertools.count(heldout.SEED * 1000 + secrets.randbelow(10**9))
     kept: dict[str, dict | None] = {}  # each side's books of the run it made last
     scrape = lambda: client.settled(lambda: client.try_scrape(server.url)) if keeps_books else None
 

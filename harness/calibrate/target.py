@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,11 +43,16 @@ MIN_TOKENS_PER_ROUND = 1.25
 TIMEOUT_S = 300.0
 
 
+# this process's probes: a server's prefix cache, warm from an earlier calibration, answers none of them
+SALT = secrets.token_hex(8)
+
+
 def text_prompt(num_chars: int, key: object = 0) -> str:
     """Seeded printable ASCII (one token per character on a byte-level tokenizer, fewer on a BPE).
-    Every request gets its own key: a server with a prefix cache (mlx_lm.server, vLLM) would
-    answer a prompt it has seen, or one that starts like it, without prefilling it."""
-    rng = random.Random(f"calibrate-target:{key}")
+    Every request gets its own key, and every calibration its own SALT: a server with a prefix cache
+    (mlx_lm.server, vLLM, llama.cpp) would answer a prompt it has seen, or one that starts like it,
+    without prefilling it."""
+    rng = random.Random(f"calibrate-target:{SALT}:{key}")
     return "".join(chr(rng.randrange(32, 127)) for _ in range(num_chars))
 
 

@@ -115,3 +115,15 @@ def test_one_bunched_batch_beside_steady_ones_prices_every_batch_at_its_mean():
     bunched, steady = ([0.02] * 9 + [20.0]) * 5, [2.5, 2.6, 2.4, 2.5] * 20
     levels, _ = target.decode_levels({1: bunched, 2: steady})
     assert levels == {1: pytest.approx(2.018), 2: pytest.approx(2.5)}
+
+
+def test_each_calibration_sends_prompts_no_earlier_one_sent(monkeypatch):
+    """A server's prefix cache, warm from an earlier calibration, must not answer the probes: the
+    same key gives the same prompt within one calibration, another calibration's SALT another."""
+    from harness.calibrate import target
+
+    first = [target.text_prompt(64, f"prefill:0:64:{s}") for s in (False, True)]
+    assert first == [target.text_prompt(64, f"prefill:0:64:{s}") for s in (False, True)]
+    monkeypatch.setattr(target, "SALT", target.SALT + "-next")
+    again = [target.text_prompt(64, f"prefill:0:64:{s}") for s in (False, True)]
+    assert all(a[:8] != b[:8] for a, b in zip(first, again)), (first, again)
