@@ -224,7 +224,8 @@ def _target(args: argparse.Namespace, console) -> int:
         raise RuntimeError(f"{server.url} answers neither /health nor /v1/models: is it an OpenAI-compatible server?")
     console.print(f"{server.url}: context {server.context_source}; mode "
                   f"{server.mode or 'not reported (no /health mode)'}", highlight=False, soft_wrap=True)
-    kind, evidence = _server_kind(args, server.url, console)
+    checked = _profile_document(args.profile) if args.profile else {}  # --profile: read once
+    kind, evidence = _server_kind(args, checked.get("server"), server.url, console)
     calibration = target.TargetCalibration(server, args.block_size, args.max_batch)
     repeats = 0 if args.profile else args.repeats or TARGET_REPEATS
     runs = args.report_runs if args.report else 0
@@ -237,7 +238,8 @@ def _target(args: argparse.Namespace, console) -> int:
             speculates = profile["fit"]["speculates"]
         else:
             calibration.warm_up()
-            speculates = _profile_speculates(args.profile)
+            # a --target profile says whether the server speculated when it was calibrated (default: yes)
+            speculates = checked.get("calibrated", {}).get("fit", {}).get("speculates", True) is not False
         workload = twin.TWIN if speculates else twin.classic(twin.TWIN)
         loads.append(os.getloadavg()[0])
         measured: list = []
@@ -249,7 +251,7 @@ def _target(args: argparse.Namespace, console) -> int:
     if args.profile:
         loaded = Profile.load(args.profile)
         the_twin = Profile(loaded.cost, kind, loaded.server_params if kind == loaded.server else {})
-        replaced = json.loads(args.profile.read_text()).get("calibrated", {}).get("replaced") or {}
+        replaced = checked.get("calibrated", {}).get("replaced") or {}
     else:
         fitted = profile.pop("fit")
         params, server_fit, replaced = _fit_server(kind, server, profile, fitted, console)
@@ -303,13 +305,13 @@ def _fit_server(kind: str, server, profile: dict, fitted: dict, console) -> tupl
     return params, evidence, replaced
 
 
-def _server_kind(args: argparse.Namespace, url: str, console) -> tuple[str, str]:
+def _server_kind(args: argparse.Namespace, kept: object, url: str, console) -> tuple[str, str]:
     """The kind whose scheduler the twin runs: --server, else the checked --profile's own, else
     detected from what the server exposes."""
     from harness.calibrate.detect import detect_kind
 
     detected, evidence = detect_kind(url)
-    kept = _profile_kind(args.profile) if args.profile else None
+    kept = kept if isinstance(kept, str) else None
     if args.server or kept:
         source = f"--server {args.server}" if args.server else f"the profile's server {kept}"
         evidence = f"{source} (detected {detected}: {evidence})"
@@ -321,12 +323,14 @@ def _server_kind(args: argparse.Namespace, url: str, console) -> tuple[str, str]
     return kind, evidence
 
 
-def _profile_kind(path: Path) -> str | None:
+def _profile_document(path: Path) -> dict:
     try:
-        kind = json.loads(path.read_text()).get("server")
+        document = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"--profile {path}: {exc}") from None
-    return kind if isinstance(kind, str) else None
+    if not isinstance(document, dict):
+        raise ValueError(f"--profile {path}: want a JSON object (a profile calibrate wrote)")
+    return document
 
 
 def report_meta(url: str, profile: Path, loads: list[float], speculates: bool, kind: str, evidence: str) -> dict:
@@ -376,15 +380,6 @@ def _print_heldout(report: dict, url: str, kind: str) -> None:
         console = Console(width=max(console.width, 132))
     heldout.print_check(console, report, f"held-out workloads: the {kind} twin vs {url} ({report['live_runs']} "
                                            f"live runs, {report['requests']} requests each, half speculative)")
-
-
-def _profile_speculates(path: Path) -> bool:
-    """A --target profile says whether the server speculated when it was calibrated (default: yes)."""
-    try:
-        fitted = json.loads(path.read_text()).get("calibrated", {}).get("fit", {})
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--profile {path}: {exc}") from None
-    return fitted.get("speculates", True) is not False
 
 
 # -- output ---------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from harness.run import metrics
 from harness.run.scenario import Scenario
 from harness.run.slo import DEFAULT_ATTAINMENT, Slo, parse_slo
 from harness.run.workload import Lengths, Workload
+from harness.sweep import points
 from harness.sweep.points import Timed, figures
 
 # the figures a twin is judged on, each with its tolerance (a fraction of the measured value)
@@ -151,21 +152,16 @@ def ladder(live: Run, twins: dict[str, Predict], light: float, num_requests: int
 
 
 def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAINMENT) -> dict:
-    """On the ladder's rates, live and on each twin: the highest rate at which it and every lower
-    rate meet the SLO for >= `attainment` of the requests (the sweep's capacity rule; None when the
-    light rate already misses). The ladder's top rate is a lower bound, not a capacity found."""
-    def highest(attained: Sequence[float | None]) -> float | None:
-        best = None
-        for rate, got in zip((r.rate_per_s for r in rungs), attained):
-            if got is None or got < attainment - 1e-9:
-                break
-            best = rate
-        return best
-
+    """On the ladder's rates, live and on each twin: the sweep's capacity rule (points.capacity: the
+    highest rate at which it and every lower rate meet the SLO for >= `attainment` of the requests;
+    None when the light rate already misses). The ladder's top rate is a lower bound, not a capacity
+    found."""
+    sides = {"live": [r.figures["slo_attainment"] for r in rungs],
+             **{name: [r.twins[name] for r in rungs] for name in (rungs[0].twins if rungs else ())}}
+    found = points.capacity([{"mode": side, "load": r.rate_per_s, "slo_attainment": got}
+                             for side, attained in sides.items() for r, got in zip(rungs, attained)], attainment)
     out: dict = {"slo": slo.to_json(), "attainment": attainment, "rates": [r.rate_per_s for r in rungs],
-                 "live": highest([r.figures["slo_attainment"] for r in rungs])}
-    for name in rungs[0].twins if rungs else ():
-        out[name] = highest([r.twins[name] for r in rungs])
+                 **{side: found.get(side) for side in sides}}
     out["error"] = _r4(out["twin"] / out["live"] - 1) if out.get("twin") and out["live"] else None
     out["top_rate_is_a_bound"] = bool(rungs) and out["live"] == rungs[-1].rate_per_s
     return out

@@ -63,5 +63,6 @@ def test_which_kind_a_calibration_twins(tmp_path, monkeypatch, server, in_profil
     if in_profile:
         profile = tmp_path / "p.json"
         profile.write_text(json.dumps({"server": in_profile}))
-    got, evidence = cli._server_kind(argparse.Namespace(server=server, profile=profile), "http://x", Console())
+    kept = cli._profile_document(profile).get("server") if profile else None
+    got, evidence = cli._server_kind(argparse.Namespace(server=server, profile=profile), kept, "http://x", Console())
     assert got == kind and evidence.startswith(source)
