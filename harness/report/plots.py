@@ -61,12 +61,26 @@ def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-def timeline_data(trace: Mapping) -> dict:
-    """Per request row: the ticks that worked on it, the ticks it waited through, its token arrivals."""
+MAX_ROWS = 12  # request rows a timeline panel draws: a tall PNG is unreadable (and slow to render)
+
+
+def timeline_data(trace: Mapping, max_rows: int = MAX_ROWS) -> dict:
+    """Per request row: the ticks that worked on it, the ticks it waited through, its token arrivals.
+    At most `max_rows` rows: those live across the longest classic gap (the stall the panel
+    annotates), then the earliest arrivals, in arrival order; "shown" says how many of how many."""
     ticks = [(t["start_ms"], t["end_ms"], tick_kind(t), tuple(t["request_ids"])) for t in trace["ticks"]]
     ticks = [t for t in ticks if t[2] is not None and t[1] > t[0]]
-    rows = {}
+    stall = None
     for r in trace["requests"]:
+        if r["speculative"] or len(r["token_times_ms"]) < 2:
+            continue
+        gaps = metrics.itl(r["token_times_ms"])
+        i = int(np.argmax(gaps))
+        if stall is None or gaps[i] > stall[2] - stall[1]:
+            a, b = r["token_times_ms"][i], r["token_times_ms"][i + 1]
+            stall = (r["id"], a, b, _spell([kind for s, e, kind, _ in ticks if a < e <= b]))
+    rows = {}
+    for r in _shown(trace["requests"], stall, max_rows):
         times = r["token_times_ms"]
         done = times[-1] if times else r["arrival_ms"]
         # a finished row of a B>1 window stays in its job's tick ids: draw work only while live
@@ -77,17 +91,17 @@ def timeline_data(trace: Mapping) -> dict:
         rows[r["id"]] = {"speculative": r["speculative"], "arrival_ms": r["arrival_ms"], "work": work,
                          "hol": _merge(hol), "waiting": _merge([(a, b) for a, b, _ in idle]),
                          "tokens": list(times)}
-    classic = [r for r in trace["requests"] if not r["speculative"] and len(r["token_times_ms"]) > 1]
-    stall = None
-    for r in classic:
-        gaps = metrics.itl(r["token_times_ms"])
-        i = int(np.argmax(gaps))
-        if stall is None or gaps[i] > stall[2] - stall[1]:
-            a, b = r["token_times_ms"][i], r["token_times_ms"][i + 1]
-            inside = [kind for s, e, kind, _ in ticks if a < e <= b]
-            stall = (r["id"], a, b, _spell(inside))
-    return {"scenario": trace["scenario"], "mode": trace["mode"],
-            "ticks": [(a, b, kind) for a, b, kind, _ in ticks], "rows": rows, "classic_stall": stall}
+    return {"scenario": trace["scenario"], "mode": trace["mode"], "ticks": [(a, b, kind) for a, b, kind, _ in ticks],
+            "rows": rows, "classic_stall": stall, "shown": (len(rows), len(trace["requests"]))}
+
+
+def _shown(requests: Sequence[Mapping], stall: tuple | None, max_rows: int) -> list[Mapping]:
+    """The requests a panel draws: the stalled row and those live across its gap first, then by arrival."""
+    def live_across(r: Mapping) -> bool:
+        end = r["token_times_ms"][-1] if r["token_times_ms"] else r["arrival_ms"]
+        return stall is not None and r["arrival_ms"] < stall[2] and end > stall[1]
+    first = sorted(requests, key=lambda r: (stall is None or r["id"] != stall[0], not live_across(r), r["arrival_ms"]))
+    return sorted(first[:max_rows], key=lambda r: r["arrival_ms"])
 
 
 def _spell(kinds: list[str]) -> str:
@@ -148,7 +162,9 @@ def timeline_figure(traces: Sequence[Mapping]) -> tuple[Figure, list[dict]]:
             ax.update_datalim([(min(t[0] for t in d["ticks"]), 0), (max(t[1] for t in d["ticks"]), 0)], updatey=False)
         ax.set_yticks(range(len(labels)), labels, fontsize=9)
         ax.set_ylim(len(labels) - 0.4, -0.6)
-        ax.set_title(f"{d['scenario']} - mode {d['mode']}", loc="left", fontsize=11, fontweight="bold")
+        shown, total = d["shown"]
+        more = f" ({shown} of {total} requests: the longest classic gap's, then the first)" if shown < total else ""
+        ax.set_title(f"{d['scenario']} - mode {d['mode']}{more}", loc="left", fontsize=11, fontweight="bold")
         ax.grid(axis="x", color="#dddddd", linewidth=0.6)
         ax.set_axisbelow(True)
         for side in ("top", "right"):

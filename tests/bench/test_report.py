@@ -169,6 +169,22 @@ def test_the_plotted_artists_carry_that_same_data():
         [next(d for d in data if d["mode"] == "burst")["rows"]["classic"]["tokens"]]
 
 
+def test_a_timeline_of_many_requests_draws_the_stalled_row_and_those_beside_it():
+    """poisson-mix has 160 requests: a panel draws MAX_ROWS of them (one row each was a 39000-pixel
+    PNG), the stalled classic row and the rows live across its gap first, and its title says so."""
+    trace = runner.run_scenario(scenario.load("poisson-mix"), "burst", 0)
+    d = plots.timeline_data(trace)
+    rid, a, b, _ = d["classic_stall"]
+    assert d["shown"] == (plots.MAX_ROWS, len(trace["requests"])) and len(trace["requests"]) > plots.MAX_ROWS
+    assert rid in d["rows"]
+    across = [r for r in d["rows"].values() if r["arrival_ms"] < b and (r["tokens"] or [r["arrival_ms"]])[-1] > a]
+    assert len(across) > 1
+    arrivals = [r["arrival_ms"] for r in d["rows"].values()]
+    assert arrivals == sorted(arrivals)
+    fig, _ = plots.timeline_figure([trace])
+    assert f"{plots.MAX_ROWS} of {len(trace['requests'])} requests" in fig.axes[0].get_title(loc="left")
+
+
 def test_a_worsened_baseline_turns_the_gate_card_red_naming_the_metric(tmp_path):
     traces = [runner.run_scenario(scenario.load(report.TIMELINE_SCENARIO), m, 0) for m in MODES]
     metrics = gate.metrics_of(traces)
