@@ -1,10 +1,12 @@
 """`calibrate --target` on what a server reports: the context a request may use comes from whichever
 endpoint says it (never an assumed size), and a server that never speculates still gets its prefill
-and decode terms, with every speculative term named as unfitted and why."""
+and decode terms, with every speculative term named as unfitted and why; a classic stream is said
+to arrive in rounds only when many of its groups carry several tokens."""
 
 import pytest
 
 from harness.calibrate import target
+from harness.calibrate.fit import Group
 from mocks import CostModel
 
 LLAMA_MODELS = {"id": "tiny.gguf", "meta": {"n_ctx": 1024, "n_ctx_train": 4096}}
@@ -127,3 +129,15 @@ def test_each_calibration_sends_prompts_no_earlier_one_sent(monkeypatch):
     monkeypatch.setattr(target, "SALT", target.SALT + "-next")
     again = [target.text_prompt(64, f"prefill:0:64:{s}") for s in (False, True)]
     assert all(a[:8] != b[:8] for a, b in zip(first, again)), (first, again)
+
+
+def test_a_classic_stream_arrives_in_rounds_only_when_many_of_its_groups_carry_several_tokens():
+    def groups(counts):
+        return [Group(5.0 * i, 5.0 * i, n) for i, n in enumerate(counts)]
+
+    late_pair = [1] * 20 + [2] + [1] * 25  # one event read late beside the next: a busy client, not rounds
+    assert not target.arrived_in_rounds(groups(late_pair))
+    assert not target.arrived_in_rounds(groups([1] * 46))
+    low_acceptance = ([2, 1, 1] * 16)[:46]  # rounds at ~0.3 acceptance: a third of them carry two tokens
+    assert target.arrived_in_rounds(groups(low_acceptance))
+    assert target.arrived_in_rounds(groups([3] * 15))
