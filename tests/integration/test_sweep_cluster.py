@@ -71,8 +71,17 @@ def test_a_cluster_sweep_equals_the_local_one(in_tmp, capsys):
         assert "the scheduler has no worker" in capsys.readouterr().out
         with dask("worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--host", "127.0.0.1",
                   "--local-directory", str(in_tmp / "worker"), log=in_tmp / "worker.log"):
+            joined(address)  # a worker's start on a loaded machine outlasts the sweep's 2 s wait for one
             assert cli([*sweep, "--cluster", address, "--json", "cluster.json"]) == 0
     assert (in_tmp / "cluster.json").read_bytes() == (in_tmp / "local.json").read_bytes()
+
+
+def joined(address: str, timeout_s: float = 120.0) -> None:
+    """Returns once the scheduler at `address` has a worker (dask's own wait)."""
+    from distributed import Client
+
+    with Client(address, timeout=timeout_s) as client:
+        client.wait_for_workers(1, timeout=timeout_s)
 
 
 def test_no_scheduler_at_the_address_is_one_line(in_tmp, capsys):
