@@ -24,7 +24,7 @@ from harness.calibrate.ticks import TickCalibration
 from harness.run import scenario
 from mocks import CostModel
 
-pytestmark = pytest.mark.mlx
+pytestmark = [pytest.mark.mlx, pytest.mark.twins]
 
 BOUNDS = {"aggregate_tok_s": 0.15, "classic_itl_p50_ms": 0.15, "classic_itl_p99_ms": 0.30}
 LOADED = 1.0  # load average per core
