@@ -97,6 +97,7 @@ def test_burst_mode_exits_non_zero(tmp_path):
     assert worst["evidence_tokens"] >= 60 > 5 * worst["allowance_tokens"]
 
 
+@pytest.mark.parallel  # what was counted, never how fast
 def test_a_kind_without_samples_is_neither_pass_nor_fail(tmp_path):
     code, report, output = run_locust(tmp_path, "--headless", "--only-summary", "-u", "1", "-t", "3s", "ClassicUser")
     assert code == 2, output[-3000:]
@@ -105,6 +106,7 @@ def test_a_kind_without_samples_is_neither_pass_nor_fail(tmp_path):
     assert report["samples"]["classic"] > 0 and "spec" in report["rule"]
 
 
+@pytest.mark.parallel  # what was counted, never how fast
 def test_failed_requests_fail_the_run_even_without_samples(tmp_path):
     code, report, output = run_locust(tmp_path, "--headless", "--only-summary", "-u", "2", "-r", "2", "-t", "2s",
                                       "--host", f"http://127.0.0.1:{free_port()}",  # nothing listens there
@@ -114,6 +116,7 @@ def test_failed_requests_fail_the_run_even_without_samples(tmp_path):
     assert sorted(report["missing"]) == ["classic", "spec"]
 
 
+@pytest.mark.parallel  # what was counted, never how fast
 def test_distributed_run_merges_every_worker_sample(tmp_path):
     report_path = tmp_path / "report.json"
     port = str(free_port())
@@ -141,6 +144,7 @@ def fake_server(*args: str):
     return serve(command=[sys.executable, str(FAKE_SERVER), *args])
 
 
+@pytest.mark.parallel  # tokens counted per event, never how fast
 @pytest.mark.parametrize("stream_kind", ["token-ids", "text-and-usage"])
 def test_multi_token_events_are_counted_as_tokens_and_calibrated_solo(tmp_path, stream_kind):
     """3 tokens per speculative event (as vLLM sends them): 64 tokens per request, not 22 events; the

@@ -110,6 +110,7 @@ def test_trace_bursts_agree_with_metrics():
     assert all(r["timings"]["predicted_n"] == r["num_tokens"] for r in trace["requests"])
 
 
+@pytest.mark.parallel  # tokens counted per event, never how fast
 @pytest.mark.parametrize("stream_kind", ["token-ids", "text-and-usage"])
 def test_target_counts_the_tokens_of_multi_token_events(tmp_path, stream_kind):
     """A server that sends 3 tokens per speculative event and reports no costs: every request has its

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from e2e_servers import clean_env, complete, complete_together, serve, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # counters and fields: no elapsed time is judged
 
 SPEC_COUNTERS = ("llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total",
                  "llamacpp:spec_decode_num_accepted_tokens_total", "coopsched_spec_rounds_total",
