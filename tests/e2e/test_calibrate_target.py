@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from e2e_servers import clean_env, serve
 
+from harness.calibrate import heldout
 from harness.calibrate.fit import acceptance_from_tokens
 
 pytestmark = pytest.mark.e2e
@@ -58,7 +59,7 @@ def test_a_mock_server_is_recovered_and_predicted(tmp_path):
     for workload in held["workloads"].values():
         assert set(workload["rows"]) == {"aggregate_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_mean_ms",
                                          "classic_itl_p99_ms"}
-        assert all(len(r["runs"]) == 2 and r["pass"] is not None for r in workload["rows"].values())
+        assert all(len(r["runs"]) == heldout.LIVE_RUNS and r["pass"] is not None for r in workload["rows"].values())
     # arrival-bound at the light rate: the one figure a real-time run of 8 requests pins down
     assert held["workloads"]["light"]["rows"]["aggregate_tok_s"]["pass"] is True, output
     assert "held-out workloads" in output and "PASS" in output
