@@ -36,8 +36,10 @@ def calibrate(url: str, tmp_path: Path, *args: str) -> tuple[dict, dict | None, 
 
 def test_a_mock_server_is_recovered_and_predicted(tmp_path):
     with serve("--decode-ms", str(DECODE_MS), "--round-ms", str(ROUND_MS), "--accept-prob", str(ACCEPT)) as served:
+        # a 500 ms TTFT bound keeps the capacity search's rungs short (arrivals over 2 s) and two of them
         profile, report, output = calibrate(served.url, tmp_path, "--report", str(tmp_path / "report.json"),
-                                            "--report-runs", "3", "--heldout-requests", "8")
+                                            "--report-runs", "3", "--heldout-requests", "8", "--slo", "ttft_ms=500",
+                                            "--capacity-rungs", "2")
     for batch, ms in profile["decode_ms"]:
         # with many streams the server really is slower than its 7 ms sleep: each tick also hands
         # B events to the event loop, on 2 shared cores (measured +6% at B = 1-2, up to +18% at B = 8)
@@ -62,6 +64,9 @@ def test_a_mock_server_is_recovered_and_predicted(tmp_path):
     # arrival-bound at the light rate: the one figure a real-time run of 8 requests pins down
     assert held["workloads"]["light"]["rows"]["aggregate_tok_s"]["pass"] is True, output
     assert "held-out workloads" in output and "PASS" in output
+    cap = held["capacity"]  # searched from the ladder's capacity: one line a rung as it ran
+    assert 1 <= len(cap["search"]) <= 2 and all(s["requests"] >= 8 for s in cap["search"]), cap
+    assert cap["top_rate_is_a_bound"] is (cap["missed"] is None) and "capacity rung 1/2" in output, cap
 
 
 def test_the_kind_is_detected_and_an_override_says_what_it_replaced(tmp_path):
@@ -98,7 +103,7 @@ def test_a_server_that_never_speculates_gets_its_classic_terms_and_the_rest_name
     with serve(command=[sys.executable, str(fake), "--tokens-per-event", "1"]) as served:
         profile, report, output = calibrate(served.url, tmp_path, "--repeats", "2", "--max-batch", "2",
                                             "--report", str(tmp_path / "report.json"), "--report-runs", "2",
-                                            "--heldout-requests", "6")
+                                            "--heldout-requests", "6", "--capacity-rungs", "0")
     fit = profile["calibrated"]["fit"]
     assert fit["speculates"] is False and fit["unfitted"]["accept_prob"].startswith("no speculative rounds"), output
     assert profile["round_ms"] is None and profile["accept_prob"] is None and profile["verify_ms"] == [

@@ -25,8 +25,8 @@ from harness.live.client import free_port
 
 pytestmark = pytest.mark.e2e
 # bounded for the default e2e run: 2 calibration passes, 1 run of the small fixed workload, 16 requests
-# a held-out run (the light one, at about half a request in flight, is most of the minute)
-BOUNDS = ("--repeats", "2", "--report-runs", "1", "--heldout-requests", "16")
+# a held-out run (the light one, at about half a request in flight, is most of the minute), no capacity search
+BOUNDS = ("--repeats", "2", "--report-runs", "1", "--heldout-requests", "16", "--capacity-rungs", "0")
 
 
 @pytest.fixture(scope="module")
