@@ -176,9 +176,9 @@ def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAIN
     misses) on every rate tried: the ladder's under the search's first, then the search's (all the
     ladder's when the search did not run). A side that met every rate tried has a capacity of at
     least the highest: its `bounds` entry says so."""
-    first = steps[0].rate_per_s if steps else float("inf")
-    tried = ([(r.rate_per_s, {"live": r.figures["slo_attainment"], **r.twins}) for r in rungs if r.rate_per_s < first]
-             + [(s.rate_per_s, s.attained) for s in steps])
+    first, searched = (steps[0].rate_per_s if steps else float("inf")), {s.rate_per_s for s in steps}
+    tried = ([(r.rate_per_s, {"live": r.figures["slo_attainment"], **r.twins}) for r in rungs
+              if r.rate_per_s < first and r.rate_per_s not in searched] + [(s.rate_per_s, s.attained) for s in steps])
     sides = list(tried[0][1]) if tried else ["live"]
     met = lambda got, side: got[side] is not None and got[side] >= attainment - points.EPS
     found = points.capacity([{"mode": side, "load": rate, "slo_attainment": got[side]}

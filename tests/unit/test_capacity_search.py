@@ -114,3 +114,13 @@ def test_the_search_finds_the_queue_the_ladder_cannot():
     assert len(cap["search"]) == len(lines) <= search.RUNGS, lines
     assert all(s["requests"] >= search.rung_requests(s["rate_per_s"], SLO, heldout.NUM_REQUESTS) for s in cap["search"])
     assert cap["live_s"] == pytest.approx(sum(s["live_s"] for s in cap["search"]), abs=1e-3)
+
+
+def test_a_rate_the_search_runs_again_is_judged_on_its_search_rung_only():
+    """The search halved back onto a ladder rate: its longer rung, not the ladder's 32 requests, says
+    whether that rate met."""
+    rung = lambda rate, share: heldout.Rung(rate, {"slo_attainment": share}, True, {"twin": share})
+    ladder = [rung(1.0, 1.0), rung(2.0, 1.0), rung(4.0, 1.0)]
+    steps = run_search(1.5, start=4.0, floor=1.0, rungs=2)  # 4 misses, then 2 misses
+    cap = heldout.capacity(ladder, SLO, steps=steps)
+    assert cap["rates"] == [1.0, 4.0, 2.0] and cap["live"] == 1.0 and cap["missed"] == 2.0, cap
