@@ -282,10 +282,10 @@ def capacity_line(cap: dict) -> str:
         return f"at least {value:g} req/s" if cap.get("bounds", {}).get(side) else f"{value:g} req/s"
     slo = Slo(**cap["slo"]).describe()
     searched = len(cap.get("search") or ())
-    where = (f"on the ladder's rates under the search's and {searched} searched ({cap['live_s']:.0f} s live, one "
-             "run a rate)" if searched else "on the ladder's rates")
+    where = (f"on {searched} searched rates and the ladder's under them ({cap['live_s']:.0f} s live, one run a "
+             "rate)" if searched else "on the ladder's rates")
     missed = f" (missed at {cap['missed']:g} req/s)" if cap.get("missed") is not None and cap["live"] else ""
-    error = f" ({cap['error']:+.1%} of live)" if cap["error"] is not None else ""
+    error = f" (error {cap['error']:+.1%})" if cap["error"] is not None else ""
     twins = "; ".join(f"{name} {rate(name)}{error if name == 'twin' else ''}" for name in ("twin", "before")
                       if name in cap)
     return (f"capacity under {slo} for >= {cap['attainment']:.0%} of requests, {where}: live {rate('live')}"
