@@ -16,7 +16,7 @@ from pathlib import Path
 
 from coopsched.core import MODES
 from coopsched.twins import KINDS, UNKNOWN
-from harness.calibrate import heldout
+from harness.calibrate import heldout, search
 from harness.run.slo import parse_slo
 
 MLX_REPEATS, TARGET_REPEATS, REPORT_RUNS = 5, 3, 5
@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo", default=heldout.CAPACITY_SLO, metavar="itl_ms=X,ttft_ms=Y",
                         help="--target --report: the SLO of the held-out capacity, live and on the twin "
                              f"(default {heldout.CAPACITY_SLO})")
+    parser.add_argument("--capacity-rungs", type=int, default=search.RUNGS, metavar="N",
+                        help="--target --report: rates the capacity search tries past the knee ladder, at most, "
+                             f"each one live run of up to {search.MAX_RUNG_REQUESTS} requests arriving over "
+                             f"{search.QUEUE_SPAN:g} x the SLO's TTFT (default {search.RUNGS}; 0: the capacity on "
+                             "the ladder's rates only)")
     parser.add_argument("--server", choices=(*KINDS, UNKNOWN), metavar="KIND",
                         help="--target: the server's kind, whose scheduler the twin runs (default: detected from "
                              f"its /health, /props, /v1/models and /metrics): {', '.join((*KINDS, UNKNOWN))}")
@@ -70,7 +75,8 @@ def main(args: argparse.Namespace) -> int:
     bad = [f"--{name.replace('_', '-')} {value} (want >= {low})" for name, value, low in (
         ("block_size", args.block_size, 2), ("repeats", args.repeats, 1), ("report_runs", args.report_runs, 1),
         ("check_runs", args.check_runs, 1), ("max_batch", args.max_batch, 1),
-        ("heldout_requests", args.heldout_requests, 2)) if value is not None and value < low]
+        ("heldout_requests", args.heldout_requests, 2), ("capacity_rungs", args.capacity_rungs, 0))
+        if value is not None and value < low]
     if bad:
         console.print(f"[red]error:[/] {', '.join(bad)}")
         return 2
@@ -369,7 +375,9 @@ def _heldout(args: argparse.Namespace, server, the_twin, before, config, console
         return heldout.check(live, on("twin", the_twin), heldout.solo_life_ms(the_twin.cost), args.heldout_requests,
                              progress=lambda label: progress.update(task, description=label),
                              before=on("before", before) if before else None, slo=parse_slo(args.slo),
-                             books=(lambda side: kept.pop(side, None)) if keeps_books else None)
+                             books=(lambda side: kept.pop(side, None)) if keeps_books else None,
+                             capacity_rungs=args.capacity_rungs,
+                             log=lambda line: progress.console.print(line, highlight=False, soft_wrap=True))
 
 
 def _print_heldout(report: dict, url: str, kind: str) -> None:

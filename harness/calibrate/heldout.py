@@ -4,9 +4,10 @@ doubling rates), each run LIVE_RUNS times live and once on the twin. Per metric:
 (the mean of the live runs), error = predicted / measured - 1, and the live runs' own spread
 ((max - min) / mean); a row passes when |error| <= max(its tolerance, SPREAD_FACTOR x spread).
 Classic rows are the requests that asked for no speculation, on both sides (a server that speculates
-every request still serves them). Beside it: the capacity under CAPACITY_SLO on the ladder's rungs,
-live and on the twin, and optionally a second twin ("before": the cost-only profile) per row, and
-the server's step books beside the twins' (harness/calibrate/books.py) when it keeps them.
+every request still serves them). Beside it: the capacity under CAPACITY_SLO, searched past the
+ladder until the live server misses it (harness/calibrate/search.py), live and on the twin, and
+optionally a second twin ("before": the cost-only profile) per row, and the server's step books
+beside the twins' (harness/calibrate/books.py) when it keeps them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from harness.calibrate import search
 from harness.calibrate.books import books_line, mean_books
 from harness.run import metrics
 from harness.run.scenario import Scenario
@@ -126,15 +128,31 @@ class Rung:
                 **{f"{name}_slo_attainment": _r4(v) for name, v in self.twins.items()}}
 
 
+def run_once(live: Run, twins: dict[str, Predict], scen: Scenario, slo: Slo) -> tuple[dict, float, dict]:
+    """One live run of `scen` and one on each twin: the live figures, the live run's seconds (first
+    arrival to last token) and each twin's attainment of `slo`."""
+    timed = by_ask(scen, live(scen, 0))
+    ends = [t.token_times_ms[-1] for t in timed if len(t.token_times_ms)]
+    live_s = (max(ends) - min(t.arrival_ms for t in timed)) / 1000.0 if ends else 0.0
+    on_twins = {name: run_figures(by_ask(scen, predict(scen)), slo)["slo_attainment"]
+                for name, predict in twins.items()}
+    return run_figures(timed, slo), live_s, on_twins
+
+
+def search_step(live: Run, twins: dict[str, Predict], rate: float, requests: int, slo: Slo) -> search.Step:
+    """One rate of the capacity search, live and on the twins."""
+    scen = workload(rate, requests)
+    got, live_s, on_twins = run_once(live, twins, scen, slo)
+    arrivals_s = max(spec.arrival_ms for spec in scen.specs(SEED)) / 1000.0
+    return search.Step(rate, requests, arrivals_s, live_s, {"live": got["slo_attainment"], **on_twins})
+
+
 def ladder(live: Run, twins: dict[str, Predict], light: float, num_requests: int, slo: Slo,
            rungs: int = LADDER_RUNGS) -> tuple[float, list[Rung]]:
     """Doubling rates from the light one, each run once live (and on the twins), until one no longer
     keeps up (see KEEP_UP, TTFT_RISE): the knee is the last doubling that kept up, else the first."""
     def rung(rate: float, keeps: Callable[[dict], bool]) -> Rung:
-        scen = workload(rate, num_requests)
-        got = run_figures(by_ask(scen, live(scen, 0)), slo)
-        on_twins = {name: run_figures(by_ask(scen, predict(scen)), slo)["slo_attainment"]
-                    for name, predict in twins.items()}
+        got, _, on_twins = run_once(live, twins, workload(rate, num_requests), slo)
         return Rung(rate, got, keeps(got), on_twins)
 
     out = [rung(light, lambda _: True)]
@@ -151,37 +169,55 @@ def ladder(live: Run, twins: dict[str, Predict], light: float, num_requests: int
     return (kept[-1] if len(kept) > 1 else out[min(1, len(out) - 1)].rate_per_s), out
 
 
-def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAINMENT) -> dict:
-    """On the ladder's rates, live and on each twin: the sweep's capacity rule (points.capacity: the
-    highest rate at which it and every lower rate meet the SLO for >= `attainment` of the requests;
-    None when the light rate already misses). The ladder's top rate is a lower bound, not a capacity
-    found."""
-    sides = {"live": [r.figures["slo_attainment"] for r in rungs],
-             **{name: [r.twins[name] for r in rungs] for name in (rungs[0].twins if rungs else ())}}
-    found = points.capacity([{"mode": side, "load": r.rate_per_s, "slo_attainment": got}
-                             for side, attained in sides.items() for r, got in zip(rungs, attained)], attainment)
-    out: dict = {"slo": slo.to_json(), "attainment": attainment, "rates": [r.rate_per_s for r in rungs],
+def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAINMENT,
+             steps: Sequence[search.Step] = ()) -> dict:
+    """Live and on each twin, the sweep's capacity rule (points.capacity: the highest rate at which it
+    and every lower rate meet the SLO for >= `attainment` of the requests; None when the lowest
+    misses) on every rate tried: the ladder's under the search's first, then the search's (all the
+    ladder's when the search did not run). A side that met every rate tried has a capacity of at
+    least the highest: its `bounds` entry says so."""
+    first, searched = (steps[0].rate_per_s if steps else float("inf")), {s.rate_per_s for s in steps}
+    tried = ([(r.rate_per_s, {"live": r.figures["slo_attainment"], **r.twins}) for r in rungs
+              if r.rate_per_s < first and r.rate_per_s not in searched] + [(s.rate_per_s, s.attained) for s in steps])
+    sides = list(tried[0][1]) if tried else ["live"]
+    met = lambda got, side: got[side] is not None and got[side] >= attainment - points.EPS
+    found = points.capacity([{"mode": side, "load": rate, "slo_attainment": got[side]}
+                             for rate, got in tried for side in sides], attainment)
+    bounds = {side: bool(tried) and all(met(got, side) for _, got in tried) for side in sides}
+    out: dict = {"slo": slo.to_json(), "attainment": attainment, "rates": [rate for rate, _ in tried],
                  **{side: found.get(side) for side in sides}}
     out["error"] = _r4(out["twin"] / out["live"] - 1) if out.get("twin") and out["live"] else None
-    out["top_rate_is_a_bound"] = bool(rungs) and out["live"] == rungs[-1].rate_per_s
+    out["top_rate_is_a_bound"] = bounds["live"]  # true only when no rate tried missed live
+    out["bounds"] = bounds
+    out["missed"] = min((rate for rate, got in tried if not met(got, "live")), default=None)
+    out["search"] = [s.to_json() for s in steps]
+    out["live_s"] = _r4(sum(s.live_s for s in steps))
     return out
 
 
 def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM_REQUESTS,
           runs: int = LIVE_RUNS, progress: Callable[[str], None] | None = None, before: Predict | None = None,
-          slo: Slo | None = None, books: Books | None = None) -> dict:
-    """The held-out report: the ladder (and the capacity under `slo` on its rates), then the light and
-    knee workloads live `runs` times and once on the twin (and on `before`), compared row by row;
-    with `books`, each workload's step books (the live runs' mean, and each twin's)."""
-    say = progress or (lambda _: None)
+          slo: Slo | None = None, books: Books | None = None, capacity_rungs: int = search.RUNGS,
+          log: Callable[[str], None] | None = None) -> dict:
+    """The held-out report: the ladder, the capacity search under `slo` from the ladder's highest rate
+    that met it (at most `capacity_rungs` rates, a line to `log` each), then the light and knee
+    workloads live `runs` times and once on the twin (and on `before`), compared row by row; with
+    `books`, each workload's step books (the live runs' mean, and each twin's)."""
+    say, log = progress or (lambda _: None), log or (lambda _: None)
     slo = slo or parse_slo(CAPACITY_SLO)
     twins = {"twin": twin, **({"before": before} if before else {})}
     light = light_rate(solo_life_ms)
     say(f"knee ladder from {light:g} req/s")
     knee, rungs = ladder(live, twins, light, num_requests, slo)
+    start = capacity(rungs, slo)["live"]
+    if start is None and capacity_rungs:
+        log(f"capacity search not run: the light rate {light:g} req/s already misses {slo.describe()}")
+    steps = [] if start is None else search.search(
+        lambda rate, requests: search_step(live, twins, rate, requests, slo), start, light, slo, num_requests,
+        capacity_rungs, DEFAULT_ATTAINMENT, say, log)
     out: dict = {"rule": RULE, "requests": num_requests, "seed": SEED, "live_runs": runs,
                  "ladder": [r.to_json() for r in rungs], "knee_rate_per_s": knee,
-                 "capacity": capacity(rungs, slo), "workloads": {}}
+                 "capacity": capacity(rungs, slo, steps=steps), "workloads": {}}
     for name, rate in (("light", light), ("knee", knee)):
         scen = workload(rate, num_requests)
         live_figures, live_books, predicted, kept = [], [], {}, {}
@@ -237,9 +273,20 @@ def print_check(console, report: dict, title: str) -> None:
 
 
 def capacity_line(cap: dict) -> str:
-    rate = lambda v: "none (the light rate misses)" if v is None else f"{v:g} req/s"
+    """The capacity per side: a side that met every rate tried is 'at least' the highest, the live
+    one is bracketed by the lowest rate that missed."""
+    def rate(side: str) -> str:
+        value = cap[side]
+        if value is None:
+            return f"none (misses at {min(cap['rates']):g} req/s, the lowest rate tried)" if cap["rates"] else "none"
+        return f"at least {value:g} req/s" if cap.get("bounds", {}).get(side) else f"{value:g} req/s"
     slo = Slo(**cap["slo"]).describe()
-    twins = "; ".join(f"{name} {rate(cap[name])}" for name in ("twin", "before") if name in cap)
-    bound = " (the ladder's top rate: at least)" if cap["top_rate_is_a_bound"] else ""
-    return (f"capacity under {slo} for >= {cap['attainment']:.0%} of requests, on the ladder's rates: live "
-            f"{rate(cap['live'])}{bound}; {twins}")
+    searched = len(cap.get("search") or ())
+    where = (f"on {searched} searched rates and the ladder's under them ({cap['live_s']:.0f} s live, one run a "
+             "rate)" if searched else "on the ladder's rates")
+    missed = f" (missed at {cap['missed']:g} req/s)" if cap.get("missed") is not None and cap["live"] else ""
+    error = f" (error {cap['error']:+.1%})" if cap["error"] is not None else ""
+    twins = "; ".join(f"{name} {rate(name)}{error if name == 'twin' else ''}" for name in ("twin", "before")
+                      if name in cap)
+    return (f"capacity under {slo} for >= {cap['attainment']:.0%} of requests, {where}: live {rate('live')}"
+            f"{missed}; {twins}")

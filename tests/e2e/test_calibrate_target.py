@@ -1,7 +1,8 @@
 """`coopsched calibrate --target URL`: a digital twin of a server from its token timings alone.
 
 Against `coopsched serve --backend mock` with known costs the calibration recovers them (decode step,
-round, the drafter's acceptance), and the workload simulated on the profile predicts the live server;
+round, the drafter's acceptance), and (marker `twins`, `tox -e twins`: minutes of wall time) the
+workload simulated on the profile predicts the live server;
 against a fake that sends a round's tokens in one event (as vLLM does) rounds come from the events.
 Real time on a shared machine: the load average goes into the failure message.
 """
@@ -35,10 +36,9 @@ def calibrate(url: str, tmp_path: Path, *args: str) -> tuple[dict, dict | None, 
     return (json.loads(profile.read_text()), json.loads(report.read_text()) if report.exists() else None, output)
 
 
-def test_a_mock_server_is_recovered_and_predicted(tmp_path):
+def test_a_mock_server_is_recovered(tmp_path):
     with serve("--decode-ms", str(DECODE_MS), "--round-ms", str(ROUND_MS), "--accept-prob", str(ACCEPT)) as served:
-        profile, report, output = calibrate(served.url, tmp_path, "--report", str(tmp_path / "report.json"),
-                                            "--report-runs", "2", "--heldout-requests", "8")
+        profile, _, output = calibrate(served.url, tmp_path)
     for batch, ms in profile["decode_ms"]:
         # with many streams the server really is slower than its 7 ms sleep: each tick also hands
         # B events to the event loop, on 2 shared cores (measured +6% at B = 1-2, up to +18% at B = 8)
@@ -47,12 +47,21 @@ def test_a_mock_server_is_recovered_and_predicted(tmp_path):
     assert profile["accept_prob"] == pytest.approx(ACCEPT, abs=0.1), output
     assert profile["calibrated"]["mode"] == "slice" and profile["switch_ms"] < 2.0, output
     assert set(profile["jitter_quantiles"]) >= {"decode", "verify", "prefill"}
+    assert "residual" in output and profile["server"] == "coopsched" and profile["server_params"] == {}
+
+
+@pytest.mark.twins  # ~2 min of wall time: tox -e twins
+def test_the_mock_servers_twin_predicts_it(tmp_path):
+    with serve("--decode-ms", str(DECODE_MS), "--round-ms", str(ROUND_MS), "--accept-prob", str(ACCEPT)) as served:
+        # a 500 ms TTFT bound keeps the capacity search's rungs short (arrivals over 2 s) and two of them
+        _, report, output = calibrate(served.url, tmp_path, "--report", str(tmp_path / "report.json"),
+                                      "--report-runs", "3", "--heldout-requests", "8", "--slo", "ttft_ms=500",
+                                      "--capacity-rungs", "2")
     rows = report["modes"]["slice"]
     for metric in ("classic_itl_mean_ms", "spec_itl_mean_ms"):
         assert abs(rows[metric]["error"]) <= 0.25, (metric, rows[metric], output)
     assert abs(rows["aggregate_tok_s"]["error"]) <= 0.20, (rows["aggregate_tok_s"], output)
-    assert "the twin vs" in output and "residual" in output
-    assert profile["server"] == report["server"] == "coopsched" and profile["server_params"] == {}
+    assert "the twin vs" in output and report["server"] == "coopsched"
     held = report["heldout"]
     assert list(held["workloads"]) == ["light", "knee"] and held["knee_rate_per_s"] > held["workloads"]["light"][
         "rate_per_s"]
@@ -63,6 +72,9 @@ def test_a_mock_server_is_recovered_and_predicted(tmp_path):
     # arrival-bound at the light rate: the one figure a real-time run of 8 requests pins down
     assert held["workloads"]["light"]["rows"]["aggregate_tok_s"]["pass"] is True, output
     assert "held-out workloads" in output and "PASS" in output
+    cap = held["capacity"]  # searched from the ladder's capacity: one line a rung as it ran
+    assert 1 <= len(cap["search"]) <= 2 and all(s["requests"] >= 8 for s in cap["search"]), cap
+    assert cap["top_rate_is_a_bound"] is (cap["missed"] is None) and "capacity rung 1/2" in output, cap
 
 
 def test_the_kind_is_detected_and_an_override_says_what_it_replaced(tmp_path):
@@ -99,7 +111,7 @@ def test_a_server_that_never_speculates_gets_its_classic_terms_and_the_rest_name
     with serve(command=[sys.executable, str(fake), "--tokens-per-event", "1"]) as served:
         profile, report, output = calibrate(served.url, tmp_path, "--repeats", "2", "--max-batch", "2",
                                             "--report", str(tmp_path / "report.json"), "--report-runs", "2",
-                                            "--heldout-requests", "6")
+                                            "--heldout-requests", "6", "--capacity-rungs", "0")
     fit = profile["calibrated"]["fit"]
     assert fit["speculates"] is False and fit["unfitted"]["accept_prob"].startswith("no speculative rounds"), output
     assert profile["round_ms"] is None and profile["accept_prob"] is None and profile["verify_ms"] == [

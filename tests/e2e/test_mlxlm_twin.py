@@ -23,10 +23,10 @@ from interop_runs import SERVER_CPU, coopsched, on_cpus
 
 from harness.live.client import free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.twins]  # one to two minutes of wall time: tox -e twins
 # bounded for the default e2e run: 2 calibration passes, 1 run of the small fixed workload, 16 requests
-# a held-out run (the light one, at about half a request in flight, is most of the minute)
-BOUNDS = ("--repeats", "2", "--report-runs", "1", "--heldout-requests", "16")
+# a held-out run (the light one, at about half a request in flight, is most of the minute), no capacity search
+BOUNDS = ("--repeats", "2", "--report-runs", "1", "--heldout-requests", "16", "--capacity-rungs", "0")
 
 
 @pytest.fixture(scope="module")

@@ -109,6 +109,8 @@ def test_a_workload_can_be_any_scenario():
     pytest.param(["--out", "p.json", "--block-size", "1"], "--block-size 1 (want >= 2)", id="k-below-2"),
     pytest.param(["--out", "p.json", "--heldout-requests", "1"], "--heldout-requests 1 (want >= 2)",
                  id="heldout-below-2"),
+    pytest.param(["--out", "p.json", "--capacity-rungs", "-1"], "--capacity-rungs -1 (want >= 0)",
+                 id="negative-capacity-rungs"),
     pytest.param(["--out", "p.json", "--server", "vllm"], "--server vllm names the kind of a --target server",
                  id="server-without-target"),
     pytest.param(["--out", "p.json", "--target", "http://127.0.0.1:9", "--model", "m"], "--model", id="target-and-mlx"),

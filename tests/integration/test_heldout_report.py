@@ -1,7 +1,8 @@
 """The held-out check of `calibrate --report` in virtual time: a jittery mock stands in for the live
 server (each "live" run its own jitter and acceptance draws), and the twin is its profile. The true
 profile passes; one with its decode steps doubled fails the rule; the ladder stops at saturation; the
-capacity on the ladder's rates tells the two apart; classic rows are what each request asked."""
+capacity (on the ladder's rates, and searched past them) tells the two apart; classic rows are what
+each request asked."""
 
 from dataclasses import replace
 
@@ -56,15 +57,22 @@ def test_the_ladder_stops_at_the_first_rung_that_falls_behind():
     assert report["knee_rate_per_s"] == rungs[-2]["rate_per_s"] > report["workloads"]["light"]["rate_per_s"]
 
 
-def test_the_capacity_on_the_ladder_finds_the_true_twin_and_not_the_slow_one():
-    """An SLO whose capacity is a middle rung: the true twin's is the live one, the doubled decode's
-    is lower; the cost-only twin beside it is reported and never judged."""
+def test_the_capacity_finds_the_true_twin_and_not_the_slow_one():
+    """An SLO whose capacity on the ladder is a middle rung: the true twin's is the live one, the
+    doubled decode's is lower; the search then bisects between that rung and the next, and the true
+    twin stays near live; the cost-only twin beside it is reported and never judged."""
+    on_ladder = heldout.check(live, predicted_by(TRUE), SOLO_MS, num_requests=24, capacity_rungs=0,
+                              before=predicted_by(DOUBLED_DECODE(TRUE)), slo=Slo(ttft_ms=400))
+    cap = on_ladder["capacity"]
+    assert cap["rates"] == [r["rate_per_s"] for r in on_ladder["ladder"]] and len(cap["rates"]) >= 3, cap
+    assert cap["twin"] == cap["live"] == cap["rates"][1] and cap["error"] == 0.0 and cap["search"] == [], cap
+    assert cap["before"] < cap["live"] and cap["top_rate_is_a_bound"] is False, cap
     report = heldout.check(live, predicted_by(TRUE), SOLO_MS, num_requests=24,
                            before=predicted_by(DOUBLED_DECODE(TRUE)), slo=Slo(ttft_ms=400))
-    cap = report["capacity"]
-    assert cap["rates"] == [r["rate_per_s"] for r in report["ladder"]] and len(cap["rates"]) >= 3, cap
-    assert cap["twin"] == cap["live"] == cap["rates"][1] and cap["error"] == 0.0, cap
-    assert cap["before"] < cap["live"] and cap["top_rate_is_a_bound"] is False, cap
+    searched = report["capacity"]
+    assert cap["live"] <= searched["live"] < searched["missed"] <= cap["rates"][2], searched
+    assert len(searched["search"]) >= 3 and abs(searched["error"]) <= 0.25, searched
+    assert searched["before"] < min(searched["twin"], searched["live"]), searched
     assert report["pass"] is True  # the slow twin beside it does not fail the check ...
     befores = [r["before"]["error"] for w in report["workloads"].values() for r in w["rows"].values()]
     assert max(abs(e) for e in befores) > 0.25, befores  # ... though its rows are far off
