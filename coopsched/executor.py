@@ -42,16 +42,18 @@ class Executor:
 
     def run(self, plan: Plan) -> Result:
         """The plan's forwards in order: prefills, then the draft and one forward over the verify
-        and decode rows (verify, fused or decode). A failed call ends the tick's model work."""
+        and decode rows (verify, fused or decode). Prefills beside decode or verify rows are called
+        `shared`: one forward a step (a mixed step), whose fixed cost the decode rows' forward pays
+        where the cost model says so. A failed call ends the tick's model work."""
         backend = self.backend
         firsts: list[int | None] = []
         tokens: Sequence[int] = ()
         drafts: Sequence[Sequence[int]] = ()
         targets: Sequence[Sequence[int]] = ()
         try:
-            if plan.prefills:
-                self._prefill(plan.prefills, plan.prefill_batched, firsts)
             verifies, decodes = plan.verifies, plan.decodes
+            if plan.prefills:
+                self._prefill(plan.prefills, plan.prefill_batched, bool(verifies or decodes), firsts)
             if verifies:
                 ids = [v.seq_id for v in verifies]
                 drafts = guard(ids, backend.draft, [(v.seq_id, v.last_token) for v in verifies], verifies[0].k - 1)
@@ -67,14 +69,14 @@ class Executor:
             return Result(firsts, tokens, drafts, targets, str(exc), exc.seq_ids)
         return Result(firsts, tokens, drafts, targets) if firsts or drafts else EMPTY_RESULT
 
-    def _prefill(self, rows: Sequence[Prefill], batched: bool, firsts: list[int | None]) -> None:
+    def _prefill(self, rows: Sequence[Prefill], batched: bool, shared: bool, firsts: list[int | None]) -> None:
         """One forward over the rows (a lone whole prompt as `prefill`), or one `prefill` each."""
         backend = self.backend
         if batched and not (len(rows) == 1 and rows[0].start == 0 and rows[0].is_last):
-            firsts += guard([r.seq_id for r in rows], backend.prefill_batch, rows)
+            firsts += guard([r.seq_id for r in rows], backend.prefill_batch, rows, shared)
             return
         for r in rows:
-            firsts.append(guard((r.seq_id,), backend.prefill, r.seq_id, r.prompt, r.params, r.with_draft))
+            firsts.append(guard((r.seq_id,), backend.prefill, r.seq_id, r.prompt, r.params, r.with_draft, shared))
 
     def apply(self, rewinds: Sequence[tuple[str, int]], releases: Sequence[str]) -> list[tuple[str, str]]:
         """What the commit decided: drop rejected draft positions, free finished rows' caches.

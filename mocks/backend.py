@@ -74,11 +74,11 @@ class MockBackend:
 
     # -- ModelBackend ---------------------------------------------------------
     def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
-                with_draft: bool) -> int:
+                with_draft: bool, shared: bool = False) -> int:
         seq = _Sequence(len(prompt), params, list(prompt))
         seq.hashes = [context_hash(prompt)]
         self._seqs[seq_id] = seq
-        self._charge(self.cost.prefill(len(prompt), with_draft), "prefill")
+        self._charge(self.cost.prefill(len(prompt), with_draft, shared), "prefill")
         return self._next(seq, seq.tokens, seq.hashes[-1])
 
     def decode(self, rows: Sequence[tuple[str, int]]) -> list[int]:
@@ -95,7 +95,7 @@ class MockBackend:
         return self.cost.context(cached)
 
     # -- chunked and batched prefill -------------------------------------------
-    def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
+    def prefill_batch(self, rows: Sequence[PrefillRow], shared: bool = False) -> list[int | None]:
         """One prefill forward over every row's span, charged `CostModel.prefill_batch`; a row's
         first token once its prompt is all in (the same context hash as a whole prefill)."""
         for row in rows:
@@ -103,7 +103,7 @@ class MockBackend:
             if not 0 <= row.start == held < row.stop <= len(row.prompt):
                 raise ValueError(f"prefill of {row.seq_id!r}: span [{row.start}, {row.stop}) of a "
                                  f"{len(row.prompt)}-token prompt, but its cache holds {held} tokens")
-        self._charge(self.cost.prefill_batch([(r.stop - r.start, r.with_draft) for r in rows]))
+        self._charge(self.cost.prefill_batch([(r.stop - r.start, r.with_draft) for r in rows], shared))
         out: list[int | None] = []
         for row in rows:
             if row.start == 0:

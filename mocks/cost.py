@@ -6,8 +6,9 @@ up to +/- `jitter`. A profile is JSON with the same field names.
 
 The fidelity terms (a whole round as one term, how a fused forward is padded, a
 classic/speculative switch overhead, fitted per-term jitter, the drafter's
-measured acceptance) each default to the price the mock charged before them, so
-old profiles and scenarios keep their meaning; `coopsched calibrate` fits them.
+measured acceptance, a prompt's fixed cost inside a decode step's forward) each
+default to the price the mock charged before them, so old profiles and scenarios
+keep their meaning; `coopsched calibrate` fits them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class CostModel:
     jitter_quantiles: dict | None = None  # term -> quantiles of charge / mean charge; None: uniform `jitter`
     accept_prob: float | None = None      # the drafter's acceptance measured with this profile
     context_per_token_ms: float = 0.0     # a decode/verify position's attention: ms per token its row has cached
+    shared_prefill_fixed_ms: float | None = None  # a prefill's fixed cost in a decode step's forward (None: the same)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})  # decode and verify by size: pure, asked every tick
@@ -83,9 +85,16 @@ class CostModel:
         return asdict(self)
 
     # -- terms the bounds are built from (no jitter) --------------------------
-    def prefill(self, num_tokens: int, with_draft: bool = False) -> float:
+    def prefill(self, num_tokens: int, with_draft: bool = False, shared: bool = False) -> float:
         draft = self.draft_prefill_per_token_ms * num_tokens if with_draft else 0.0
-        return self.prefill_fixed_ms + self.prefill_per_token_ms * num_tokens + draft
+        return self.prefill_fixed(shared) + self.prefill_per_token_ms * num_tokens + draft
+
+    def prefill_fixed(self, shared: bool = False) -> float:
+        """A prefill's fixed cost: a forward's own, or `shared` (decode or verify rows in the same
+        forward, one forward a step as vLLM runs) `shared_prefill_fixed_ms`, by default the same."""
+        if shared and self.shared_prefill_fixed_ms is not None:
+            return self.shared_prefill_fixed_ms
+        return self.prefill_fixed_ms
 
     def decode(self, batch_size: int) -> float:
         key = ("decode", batch_size)
@@ -123,17 +132,19 @@ class CostModel:
         return self.prefill(prompt_len, with_draft=True)
 
     # -- chunked and batched prefill: priced from the prefill terms, no knob of its own --
-    def prefill_batch(self, spans: Sequence[tuple[int, bool]]) -> float:
+    def prefill_batch(self, spans: Sequence[tuple[int, bool]], shared: bool = False) -> float:
         """ONE prefill forward over several rows' spans, each (tokens, with_draft): whole prompts
         or chunks. The fixed cost is paid once per forward (what batching saves, and what each
-        extra chunk costs); every token at the per-token price, drafter rows also at the draft
-        prefill price. Unpadded (ragged) rows; a chunk's attention over earlier chunks is not
-        priced (linear in tokens): calibration may add terms, defaulting to today's prices."""
+        extra chunk costs; `prefill_fixed`, `shared` with decode rows); every token at the per-token
+        price, drafter rows also at the draft prefill price. Unpadded (ragged) rows; a chunk's
+        attention over earlier chunks is not priced (linear in tokens): calibration may add terms,
+        defaulting to today's prices."""
         if not spans:
             return 0.0
         tokens = sum(n for n, _ in spans)
         draft = sum(n for n, with_draft in spans if with_draft)
-        return self.prefill_fixed_ms + self.prefill_per_token_ms * tokens + self.draft_prefill_per_token_ms * draft
+        return (self.prefill_fixed(shared) + self.prefill_per_token_ms * tokens
+                + self.draft_prefill_per_token_ms * draft)
 
     def chunk(self, num_tokens: int, with_draft: bool = False) -> float:
         """One full chunk of `num_tokens` (the most a prefill tick costs under that budget)."""
@@ -141,9 +152,11 @@ class CostModel:
 
     def mixed(self, chunk_tokens: int, num_decode: int, with_draft: bool = False) -> float:
         """The mixed step: ONE forward over one chunk of a prompt and the decode rows. Priced from
-        the two terms it joins (the chunk's prefill and a decode step of the rows); no saving is
-        priced for sharing the weights, so the step changes who waits, not what the work costs."""
-        return self.chunk(chunk_tokens, with_draft) + (self.decode(num_decode) if num_decode else 0.0)
+        the two terms it joins (the chunk's prefill, its fixed cost `shared`, and a decode step of the
+        rows); by default no saving is priced for sharing the weights, so the step changes who waits,
+        not what the work costs."""
+        chunk = self.prefill_batch([(chunk_tokens, with_draft)], shared=num_decode > 0)
+        return chunk + (self.decode(num_decode) if num_decode else 0.0)
 
     @property
     def max_jitter_factor(self) -> float:
@@ -168,6 +181,8 @@ class CostModel:
             raise ValueError(f"switch_ms={self.switch_ms} must be >= 0")
         if not self.context_per_token_ms >= 0:
             raise ValueError(f"context_per_token_ms={self.context_per_token_ms} must be >= 0")
+        if self.shared_prefill_fixed_ms is not None and not self.shared_prefill_fixed_ms >= 0:
+            raise ValueError(f"shared_prefill_fixed_ms={self.shared_prefill_fixed_ms} must be >= 0 (or null)")
         if self.accept_prob is not None and not 0.0 <= self.accept_prob <= 1.0:
             raise ValueError(f"accept_prob={self.accept_prob} must be within [0, 1] (or null)")
         for term, qs in (self.jitter_quantiles or {}).items():

@@ -105,7 +105,7 @@ class MlxBackend:
 
     # -- ModelBackend ---------------------------------------------------------
     def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
-                with_draft: bool) -> int:
+                with_draft: bool, shared: bool = False) -> int:  # shared: a pricing hint; MLX runs its own forward
         if seq_id in self._seqs:
             raise RuntimeError(f"sequence {seq_id!r} is already live in the MLX backend")
         if not prompt:
@@ -132,7 +132,7 @@ class MlxBackend:
         return self._sample([seq], logits[:, -1, :], [len(prompt)])[0]
 
     # -- chunked and batched prefill -------------------------------------------
-    def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
+    def prefill_batch(self, rows: Sequence[PrefillRow], shared: bool = False) -> list[int | None]:
         """Prefill spans of several rows (chunks or whole prompts) as `prefill` does one prompt,
         batched: ONE target forward over every span but the last token of a prompt that ends in it
         (shorter rows right-padded, then rolled into left padding, as `fused`; no logits computed),

@@ -39,10 +39,11 @@ class ModelBackend(Protocol):
         """Sequences whose caches are held (prefilled and not yet released): 0 once every request ended."""
 
     def prefill(self, seq_id: str, prompt: Sequence[int], params: SamplingParams,
-                with_draft: bool) -> int:
-        """Fill the target (and drafter) caches with the prompt; return the first token."""
+                with_draft: bool, shared: bool = False) -> int:
+        """Fill the target (and drafter) caches with the prompt; return the first token. `shared`:
+        the tick's decode or verify rows run in the same forward (a cost model may price it so)."""
 
-    def prefill_batch(self, rows: Sequence[PrefillRow]) -> list[int | None]:
+    def prefill_batch(self, rows: Sequence[PrefillRow], shared: bool = False) -> list[int | None]:
         """ONE forward over every row's span (whole prompts or chunks); each row's first token
         if its span ends its prompt, else None. A failure leaves every row as it was."""
 

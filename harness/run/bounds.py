@@ -74,7 +74,7 @@ def prefill_ticks(run, cost) -> dict:
             spans = [(len(run.by_id(rid).prompt_token_ids), False) for rid in t.request_ids]
         else:
             continue
-        out[i] = cost.prefill_batch(spans) if cost is not None else t.wall_ms
+        out[i] = cost.prefill_batch(spans, shared=t.kind is TickKind.MIXED) if cost is not None else t.wall_ms
     return out
 
 

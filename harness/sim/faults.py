@@ -94,15 +94,15 @@ class FaultyBackend:
     def num_live(self) -> int:
         return self.inner.num_live
 
-    def prefill(self, seq_id, prompt, params, with_draft):
+    def prefill(self, seq_id, prompt, params, with_draft, shared=False):
         for marker, kind, calls, skip in self.prompt_rules:
             if marker in self.inner.detokenize(prompt):
                 for call in calls:
                     self.arm(Fault(kind, call, seq_id, skip=skip))
         self._gate("prefill", (seq_id,))
-        return self.inner.prefill(seq_id, prompt, params, with_draft)
+        return self.inner.prefill(seq_id, prompt, params, with_draft, shared)
 
-    def prefill_batch(self, rows):
+    def prefill_batch(self, rows, shared=False):
         """Logged and faulted as a `prefill` of every row of the call (one forward)."""
         for row in rows:
             if row.start == 0:
@@ -111,7 +111,7 @@ class FaultyBackend:
                         for call in calls:
                             self.arm(Fault(kind, call, row.seq_id, skip=skip))
         self._gate("prefill", tuple(row.seq_id for row in rows))
-        return self.inner.prefill_batch(rows)
+        return self.inner.prefill_batch(rows, shared)
 
     def decode(self, rows):
         self._gate("decode", tuple(r[0] for r in rows))

@@ -52,6 +52,10 @@ def test_default_terms_are_the_earlier_formulas():
     assert c.fused_forward(2, []) == c.decode(2)
     assert c.fused_step(1, K) == c.draft(K - 1) + c.decode(1 + K)
     assert c.max_jitter_factor == 1.0
+    assert c.shared_prefill_fixed_ms is None  # a prompt beside decode rows pays a forward's fixed cost, as before
+    assert c.prefill(10, True, shared=True) == c.prefill(10, True) == 2.0 + 0.2 * 10 + 0.05 * 10
+    assert c.prefill_batch([(10, False), (6, True)], shared=True) == c.prefill_batch([(10, False), (6, True)])
+    assert c.mixed(64, 2) == c.chunk(64) + c.decode(2)
 
 
 def test_default_mock_charges_are_the_earlier_ones():
@@ -71,6 +75,31 @@ def test_an_old_profile_loads_with_the_earlier_terms():
     profile = CostModel.load(SCENARIO_DIR / "profiles" / "mlx-cpu-s.json")
     assert profile.round_ms is None and profile.fused_padding == "ragged" and profile.switch_ms == 0.0
     assert profile.round(K) == profile.draft(K - 1) + profile.verify(K)
+    assert profile.shared_prefill_fixed_ms is None and profile.prefill(8, shared=True) == profile.prefill(8)
+
+
+# -- a prompt inside a decode step's forward ------------------------------------------------------
+SHARED = CostModel(prefill_fixed_ms=3.0, prefill_per_token_ms=0.5, shared_prefill_fixed_ms=0.0)
+
+
+@pytest.mark.parametrize("price, want", [
+    pytest.param(lambda c: c.prefill(4), 3.0 + 2.0, id="prompt-only-pays-a-forward"),
+    pytest.param(lambda c: c.prefill(4, shared=True), 2.0, id="beside-decodes-its-tokens-only"),
+    pytest.param(lambda c: c.prefill_batch([(4, False), (2, False)]), 3.0 + 3.0, id="batch-one-forward"),
+    pytest.param(lambda c: c.prefill_batch([(4, False), (2, False)], shared=True), 3.0, id="batch-beside-decodes"),
+    pytest.param(lambda c: c.mixed(4, 2), 2.0 + SHARED.decode(2), id="mixed-one-forward"),
+    pytest.param(lambda c: c.mixed(4, 0), 3.0 + 2.0, id="a-chunk-alone-pays-a-forward"),
+])
+def test_a_shared_prefill_pays_the_shared_fixed_cost(price, want):
+    assert price(SHARED) == pytest.approx(want)
+
+
+def test_the_mock_charges_a_shared_prefill_without_its_forward():
+    clock = ManualClock()
+    backend = make_backend(clock, cost=SHARED)
+    backend.prefill("a", (65, 66, 67, 68), PARAMS, False)
+    backend.prefill("b", (65, 66, 67, 68), PARAMS, False, shared=True)
+    assert clock.now() == pytest.approx(5.0 + 2.0)
 
 
 def test_a_profile_round_trips_through_json(tmp_path):
@@ -191,6 +220,7 @@ def test_profile_acceptance_is_the_fallback_of_the_mock_drafter():
 @pytest.mark.parametrize("field, value, says", [
     pytest.param("fused_padding", "dense", "ragged, padded, split", id="padding"),
     pytest.param("switch_ms", -1.0, ">= 0", id="negative-switch"),
+    pytest.param("shared_prefill_fixed_ms", -0.5, ">= 0 (or null)", id="negative-shared-fixed"),
     pytest.param("accept_prob", 1.5, "[0, 1]", id="acceptance"),
     pytest.param("round_ms", [[4]], "[K, ms >= 0]", id="round-points"),
     pytest.param("jitter_quantiles", {"decode": [1.2, 0.9]}, "non-decreasing", id="quantiles-order"),

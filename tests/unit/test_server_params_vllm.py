@@ -48,6 +48,26 @@ def test_acceptance_is_none_without_drafts():
     assert sp.ngram_acceptance(counters(0, 0, 0, 0, 0), counters(100, 2, 0, 0, 0), 4) is None
 
 
+# -- a prompt-only step's forward, from lone requests' prefill times ---------------------------------------
+def prefills(count: float, seconds: float, tokens: float) -> dict[str, float]:
+    return {"vllm:request_prefill_time_seconds_count": count, "vllm:request_prefill_time_seconds_sum": seconds,
+            sp.PROMPT_TOKENS: tokens}
+
+
+@pytest.mark.parametrize("count, seconds, tokens, fixed", [
+    # 6 lone requests, 4.2 ms each from scheduled to first token, 33-token prompts at 0.02 ms a token
+    pytest.param(6, 6 * 0.0042, 6 * 33, 4.2 - 0.66, id="prefill-less-its-tokens"),
+    pytest.param(6, 6 * 0.0005, 6 * 33, 0.0, id="never-negative"),
+    pytest.param(0, 0.0, 0.0, 0.0, id="not-counted"),
+])
+def test_a_prompt_only_forward_is_the_lone_prefill_less_its_tokens(count, seconds, tokens, fixed):
+    out = sp.VllmFit(lambda line: None)
+    sp.prompt_forward(out, prefills(0, 0, 0), prefills(count, seconds, tokens), 0.02)
+    assert out.cost["prefill_fixed_ms"] == pytest.approx(fixed, abs=1e-4)
+    assert out.cost["shared_prefill_fixed_ms"] == 0.0  # a prompt beside decode rows is in their forward
+    assert ("not measured" in out.lines[-1]) is (count == 0)
+
+
 # -- the frontend's stall of the engine's core, from a stream's gaps around arrivals ---------------------
 def stream(n: int, step: float, stalls: dict[int, float]) -> list[float]:
     """Token times of a stream decoding `step` ms a token, the gap before token i `stalls[i]` longer."""

@@ -99,6 +99,29 @@ def test_mixed_step_is_priced_as_one_chunk_and_one_decode_forward():
     assert [(t.start_ms, t.end_ms) for t in result.ticks[:2]] == [(0.0, 4.5), (4.5, 13.5)]
 
 
+# a vLLM profile: a prompt-only step runs a forward of its own (3 ms), a prompt beside decode or verify
+# rows rides in theirs (shared_prefill_fixed_ms 0); 0.5 ms a prompt token
+ONE_FORWARD = CostModel(prefill_fixed_ms=3.0, prefill_per_token_ms=0.5, shared_prefill_fixed_ms=0.0,
+                        draft_prefill_per_token_ms=0.0, draft_per_token_ms=0.0,
+                        decode_ms=[[1, 4.0], [8, 11.0]], verify_ms=[[1, 4.0], [8, 11.0]])
+
+
+@pytest.mark.parametrize("requests, k, want", [
+    # r0 alone: its 5 tokens and a forward (3 + 2.5); then r0's decode with r1's 6 tokens: one forward (4 + 3)
+    pytest.param([req("r0", 5, max_tokens=2), req("r1", 6, max_tokens=2, at=1.0)], 0, [(0.0, 5.5), (5.5, 12.5)],
+                 id="prompt-only-pays-a-forward-mixed-pays-one"),
+    # two prompts alone in a step: one forward (3 + 0.5 x 11), then their decodes
+    pytest.param([req("r0", 5, max_tokens=2), req("r1", 6, max_tokens=2)], 0, [(0.0, 8.5), (8.5, 13.5)],
+                 id="prompts-alone-share-one-forward"),
+    # K = 2: r0 verifies 3 positions (verify(3) = 6) while r1's 6 tokens ride in that forward (+3)
+    pytest.param([req("r0", 4, max_tokens=6), req("r1", 6, max_tokens=2, at=1.0)], 2, [(0.0, 5.0), (5.0, 14.0)],
+                 id="fused-with-verifies-pays-one"),
+])
+def test_a_prompt_only_step_costs_a_forward_and_a_mixed_step_one(requests, k, want):
+    _, _, result = run(requests, k=k, accept=0.0, cost=ONE_FORWARD)
+    assert [pytest.approx(t, abs=1e-9) for t in want] == [(t.start_ms, t.end_ms) for t in result.ticks[:2]]
+
+
 def test_params_are_documented_with_the_flag_they_mirror():
     assert {p.name: p.flag for p in VllmModel.PARAMS} == {
         "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",

@@ -1,5 +1,6 @@
 """vLLM: its running cap, step cost per batch and by the rows' caches, K and ngram acceptance from its
-own /metrics; its frontend's share of TTFT, and the engine-core time each arrival's frontend work takes."""
+own /metrics; a prompt-only step's forward, its frontend's share of TTFT, and the engine-core time each
+arrival's frontend work takes."""
 
 from __future__ import annotations
 
@@ -172,7 +173,9 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     steps = step_costs(server, scrape, batches)
     slope, why = context_term(server, scrape, steps)
     timed = folded(client.settled(scrape))
-    ttfts = probe_ttfts(server) + hot_ttfts(server)
+    lone = probe_ttfts(server)
+    alone = folded(client.settled(scrape))
+    ttfts = lone + hot_ttfts(server)
     after = folded(client.settled(scrape))
     width = 1 + k  # a step's positions a row: 1, or 1 + K verified
     points = own_points(steps, slope)
@@ -193,6 +196,7 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     else:
         out.cost.update(verify_ms=[points[0]], accept_prob=None)
         out.note("no vllm:spec_decode_num_accepted_tokens_per_pos positions: no speculation configured")
+    prompt_forward(out, timed, alone, float(profile.get("prefill_per_token_ms") or 0.0))
     _fit_prefill(out, timed, after, ttfts)
     return out.params, {"vllm": out.lines}, out.cost
 
@@ -200,10 +204,7 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
 def _fit_prefill(out: VllmFit, before: Mapping[str, float], after: Mapping[str, float], ttfts: list[float]) -> None:
     """The TTFT the engine never sees (HTTP, tokenizing, IPC, delivery): the clients' median TTFT
     (a stalled client's outliers pulled the mean up by half) less vLLM's own mean queue + prefill
-    time over the same requests (`vllm:request_*_time_seconds`).
-    vLLM folds a new prompt into the running rows' one forward, so a prompt adds its tokens to a
-    step, not a second forward's fixed cost (a twin charging that in every mixed step over-predicted
-    ITL): `prefill_fixed_ms` is 0, and a lone request's own step is not priced (predicted early)."""
+    time over the same requests (`vllm:request_*_time_seconds`)."""
     delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in after}
     count = delta.get("vllm:request_prefill_time_seconds_count", 0.0)
     if not ttfts or count != len(ttfts):
@@ -213,10 +214,32 @@ def _fit_prefill(out: VllmFit, before: Mapping[str, float], after: Mapping[str, 
                     + delta.get("vllm:request_prefill_time_seconds_sum", 0.0)) / count
     client_ms = float(np.median(ttfts))
     out.params["frontend_ms"] = round(max(client_ms - engine, 0.0), 3)
-    out.cost["prefill_fixed_ms"] = 0.0
     out.note(f"frontend_ms {out.params['frontend_ms']}: TTFT {client_ms:.2f} ms at the client (median), "
              f"{engine:.2f} ms queued + prefilling in vLLM (mean of {count:.0f} requests, lone and "
              "sent while others decode)")
+
+
+def prompt_forward(out: VllmFit, before: Mapping[str, float], after: Mapping[str, float], per_token_ms: float) -> None:
+    """prefill_fixed_ms: the forward a prompt-only step runs (the engine idle, only new prompts in
+    it), from lone requests: vLLM's mean time from scheduling them to their first token
+    (`vllm:request_prefill_time_seconds`) less their prompts (`vllm:prompt_tokens_total`) at the
+    per-token price. A prompt in a step with decode rows pays none of it (`shared_prefill_fixed_ms`
+    0): vLLM runs one forward a step, and the decode points price it (a twin charging a second
+    forward in every mixed step over-predicted ITL)."""
+    delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in after}
+    count = delta.get("vllm:request_prefill_time_seconds_count", 0.0)
+    out.cost["shared_prefill_fixed_ms"] = 0.0
+    if not count:
+        out.cost["prefill_fixed_ms"] = 0.0
+        out.note("prefill_fixed_ms 0 (not measured): vLLM counted no lone request's prefill time")
+        return
+    prefill_ms = 1e3 * delta.get("vllm:request_prefill_time_seconds_sum", 0.0) / count
+    tokens = delta.get(PROMPT_TOKENS, 0.0) / count
+    out.cost["prefill_fixed_ms"] = round(max(prefill_ms - per_token_ms * tokens, 0.0), 4)
+    out.note(f"prefill_fixed_ms {out.cost['prefill_fixed_ms']}: {count:.0f} lone requests took {prefill_ms:.2f} ms "
+             f"from scheduled to first token in vLLM (mean), less their {tokens:.0f}-token prompts at "
+             f"{per_token_ms:g} ms a token; a prompt beside decode rows is in their forward "
+             "(shared_prefill_fixed_ms 0)")
 
 
 def hot_ttfts(server: Server, num_requests: int = 4) -> list[float]:
