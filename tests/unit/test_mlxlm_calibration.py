@@ -168,7 +168,8 @@ def test_the_stream_line_is_through_each_length_s_median(per_token, fixed, slope
     cells = [(p, n) for p in mlxlm.STREAM_PROMPTS for n in mlxlm.STREAM_BUDGETS]
     points = [[p, n, p, n, per_token(mlxlm.mean_cached(p, n)) * (3.0 if rep == 0 and i == 0 else 1.0)]
               for rep in range(3) for i, (p, n) in enumerate(cells)]
-    terms, _ = round_from_streams({"points": points}, {}, {"accept_prob": 0.5})
+    terms, says = round_from_streams({"points": points}, {}, {"accept_prob": 0.5})
+    assert ("line through them fell" in says) == (fixed is None)
     per_round = 1.875  # 1 + 0.5 + 0.25 + 0.125 tokens a round of K = 4
     ys = [per_token(mlxlm.mean_cached(p, n)) for p, n in cells]
     assert terms["round_ms"] == [[4, pytest.approx((fixed or float(np.median(ys))) * per_round, rel=1e-3)]]

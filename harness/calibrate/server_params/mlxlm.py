@@ -1,4 +1,4 @@
-"""mlx_lm.server: serialization under a draft model, its decode cap and prompt batch, its waves."""
+"""mlx_lm.server: serialization under a draft model and its round, its decode cap and prompt batch, its waves."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ SUPERLINEAR = 1.5                  # the longest length is left out of the line 
 
 
 def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
-    """mlx_lm.server: serialization (a draft model is loaded), then for the batched path its decode
-    cap and prefill batch (a concurrency probe) and its wave budget (first tokens' steps); and its
-    prefill line, refitted for the prompts a workload sends."""
+    """mlx_lm.server: serialization (a draft model is loaded) and then its round (lone streams like
+    served ones), else for the batched path its decode cap and prefill batch (a concurrency probe)
+    and its wave budget (first tokens' steps); and its prefill line, refitted for the prompts a
+    workload sends."""
     step_ms = float(profile["decode_ms"][0][1])  # a decode step at the smallest batch
     cost, evidence = prefill_line(fitted, profile.get("jitter_quantiles") or {})
     say(f"mlx-lm: {evidence['prefill']['says']}")
@@ -84,13 +85,15 @@ def round_from_streams(streams: dict, serial: dict, profile: dict) -> tuple[dict
                    for c in cells.values()], float)
     ys = np.array([float(np.median([y for _, _, y in c])) for c in cells.values()], float)
     fixed, slope = relative_line(xs, ys)
-    if slope <= 0 or fixed <= 0:  # flat, or all context: the streams' median prices every round alike
+    flat = slope <= 0 or fixed <= 0  # the line falls, or is all context: the streams' median prices every round
+    if flat:
         fixed, slope = float(np.median(ys)), 0.0
     per_round = fit.expected_tokens_per_round(accept, k)
     round_ms, per_position = round(fixed * per_round, 4), round(slope * per_round / k, 7)
     long = serial.get("long_itl_ms")
     says = (f"lone speculative streams of {len(cells)} lengths ({xs.min():.0f}-{xs.max():.0f} tokens cached on "
             f"average) took {fixed:.3f} ms + {slope:.5f} ms per cached token a token"
+            + (" (their median: the line through them fell)" if flat else "")
             + (f" (the long stream {long:.3f} ms a token)" if long else "")
             + f": a round of K = {k} at acceptance {accept:.2f} is {round_ms:.2f} ms + {per_position:.6f} ms per "
             "cached token a position")
