@@ -1,6 +1,6 @@
 """The pure parts of mlx_lm.server's calibration: the prefill line (each length's fastest, the stalls
 pooled, the longest length left out past linear), first tokens grouped into steps, a round priced
-from a stream's mean gap; and the twin priced by the fitted line, in virtual time."""
+from lone streams like served ones; and the twin priced by the fitted terms, in virtual time."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from coopsched.core import SchedulerConfig
 from harness.calibrate import fit, heldout, twin
 from harness.calibrate.server_params import mlxlm
-from harness.calibrate.server_params.mlxlm import cluster_sizes, prefill_line, round_per_token, waves_of
+from harness.calibrate.server_params.mlxlm import cluster_sizes, prefill_line, round_from_streams, waves_of
 from harness.run.runner import Profile
+from harness.run.scenario import RequestSpec, Scenario
 from mocks import CostModel
 
 LENGTHS = (16, 64, 256, 1024)
@@ -101,10 +102,79 @@ def test_first_tokens_group_into_steps(times, sizes):
     assert cluster_sizes(times, 0.5) == sizes
 
 
-def test_a_round_is_priced_from_the_streams_mean_gap():
-    terms = round_per_token({"long_itl_ms": 3.0}, {"accept_prob": 0.5}, lambda _: None)
-    assert terms["round_ms"] == [[4, pytest.approx(3.0 * 1.875)]]  # 1 + 0.5 + 0.25 + 0.125 tokens a round
-    assert round_per_token({"long_itl_ms": 3.0}, {"accept_prob": None}, lambda _: None) == {}
+# -- the round under a draft model: priced from streams like served ones ----------------------------
+# a server whose round grows with the cache its positions read (the context term): the long serialized
+# stream (600 tokens) runs at 4.9 ms a token here, a held-out request at about 3.8, as measured
+SERVER = CostModel(prefill_fixed_ms=4.0, prefill_per_token_ms=0.6, draft_prefill_per_token_ms=0.0,
+                   decode_ms=[[1, 4.0]], draft_per_token_ms=0.0, round_ms=[[4, 6.5]], verify_ms=[[1, 6.5], [4, 6.5]],
+                   context_per_token_ms=0.0035, accept_prob=0.58)
+DRAFT = {"draft_model": True}
+
+
+def streams(cost: CostModel, prompt_len: int, max_tokens: int, seeds=range(3)) -> list[float]:
+    """ms a token after the first of lone requests on the mlx-lm twin with a draft model, one a seed."""
+    scen = Scenario("probe", requests=(RequestSpec("a", prompt_len=prompt_len, max_tokens=max_tokens),))
+    out = []
+    for seed in seeds:
+        (t,) = twin.simulate_timed(Profile(cost, "mlx-lm", DRAFT), SchedulerConfig(), scen, seed)
+        out.append((t.token_times_ms[-1] - t.token_times_ms[0]) / (len(t.token_times_ms) - 1))
+    return out
+
+
+def probe(cost: CostModel) -> dict:
+    """What stream_probe reads from a server serving at these costs (12 streams a length: the mock
+    drafter's acceptance is drawn, a real server's a function of the prompt)."""
+    return {"points": [[p, n, p, n, y] for p in mlxlm.STREAM_PROMPTS for n in mlxlm.STREAM_BUDGETS
+                       for y in streams(cost, p, n, range(12))]}
+
+
+def heldout_itl(cost: CostModel) -> float:
+    """Mean ITL of calibrate --report's light held-out workload on the mlx-lm twin with a draft model."""
+    scen = heldout.workload(1.973)
+    timed = twin.simulate_timed(Profile(cost, "mlx-lm", DRAFT), SchedulerConfig(), scen, heldout.SEED)
+    return float(np.mean([b - a for t in timed for a, b in zip(t.token_times_ms, t.token_times_ms[1:])]))
+
+
+def check_heldout_itl(terms: dict) -> None:
+    """The twin priced by `terms` serves the held-out workload's tokens as fast as the server does."""
+    fitted = CostModel(**{**SERVER.to_json(), **terms})
+    assert heldout_itl(fitted) == pytest.approx(heldout_itl(SERVER), rel=0.05)
+
+
+def test_a_round_is_priced_from_lone_streams_like_served_ones():
+    long_itl = float(np.mean(streams(SERVER, 16, 600)))
+    terms, says = round_from_streams(probe(SERVER), {"long_itl_ms": long_itl}, SERVER.to_json())
+    assert terms["context_per_token_ms"] > 0 and "long stream" in says
+    check_heldout_itl(terms)
+
+
+def test_check_heldout_itl_catches_a_round_priced_from_the_long_stream():
+    """What the twin did: a round = the long lone stream's mean gap x the tokens a round emits. Its
+    cache held 16 + 300 tokens on average, a held-out request's about 130: 25% slow here."""
+    long_itl = float(np.mean(streams(SERVER, 16, 600)))
+    round_ms = long_itl * fit.expected_tokens_per_round(0.58, 4)
+    with pytest.raises(AssertionError):
+        check_heldout_itl({"round_ms": [[4, round_ms]], "verify_ms": [[1, round_ms], [4, round_ms]],
+                           "context_per_token_ms": 0.0})
+
+
+@pytest.mark.parametrize(("per_token", "fixed", "slope"), [
+    (lambda x: 1.5 + 0.01 * x, 1.5, 0.01),
+    (lambda x: 4.0 - 0.001 * x, None, 0.0),
+], ids=["grows-with-the-cache", "falls-flat"])
+def test_the_stream_line_is_through_each_length_s_median(per_token, fixed, slope):
+    """A stalled stream is not a price (each length's median); a line that falls prices every round
+    at the streams' median, no negative context term."""
+    cells = [(p, n) for p in mlxlm.STREAM_PROMPTS for n in mlxlm.STREAM_BUDGETS]
+    points = [[p, n, p, n, per_token(mlxlm.mean_cached(p, n)) * (3.0 if rep == 0 and i == 0 else 1.0)]
+              for rep in range(3) for i, (p, n) in enumerate(cells)]
+    terms, says = round_from_streams({"points": points}, {}, {"accept_prob": 0.5})
+    assert ("line through them fell" in says) == (fixed is None)
+    per_round = 1.875  # 1 + 0.5 + 0.25 + 0.125 tokens a round of K = 4
+    ys = [per_token(mlxlm.mean_cached(p, n)) for p, n in cells]
+    assert terms["round_ms"] == [[4, pytest.approx((fixed or float(np.median(ys))) * per_round, rel=1e-3)]]
+    assert terms["context_per_token_ms"] == pytest.approx(slope * per_round / 4, rel=1e-3, abs=1e-9)
+    assert round_from_streams({"points": points}, {}, {"accept_prob": None})[0] == {}
 
 
 SENT = [100.0 * (i + 1) for i in range(12)]

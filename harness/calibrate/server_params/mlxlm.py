@@ -1,4 +1,4 @@
-"""mlx_lm.server: serialization under a draft model, its decode cap and prompt batch, its waves."""
+"""mlx_lm.server: serialization under a draft model and its round, its decode cap and prompt batch, its waves."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 from harness.calibrate import fit
 from harness.calibrate.target import Server, arrivals_ms, text_prompt
 
+from .context import mean_cached
 from .kinds import Fitted, Say
 
 SERIAL_LONG_MS, SERIAL_DELAY_MS = 1500.0, 50.0  # a request decoding longer than a wave, a second sent
@@ -22,20 +23,27 @@ WAVE_PROBES, WAVE_EVERY_MS = 12, 100.0  # ... one every 100 ms from 100 ms on
 DEFAULT_NUM_DRAFT = 3              # mlx_lm.server's --num-draft-tokens default
 WAVE_GAP_MS = 40.0                 # first tokens further apart than this start another wave
 SAME_LENGTH, SAME_TOKENS = 0.1, 4  # lone prompts this close in length (or tokens) are one length of the line
+STREAM_PROMPTS = (24, 96, 192)     # lone speculative streams like the requests a workload serves: prompts
+STREAM_BUDGETS = (24, 48, 96)      # (characters) and budgets around a chat turn's ...
+STREAM_REPEATS = 4                 # ... each this many times, round-robin (a length's median is its price)
 SUPERLINEAR = 1.5                  # the longest length is left out of the line past this x its reach
 
 
 def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
-    """mlx_lm.server: serialization (a draft model is loaded), then for the batched path its decode
-    cap and prefill batch (a concurrency probe) and its wave budget (first tokens' steps); and its
-    prefill line, refitted for the prompts a workload sends."""
+    """mlx_lm.server: serialization (a draft model is loaded) and then its round (lone streams like
+    served ones), else for the batched path its decode cap and prefill batch (a concurrency probe)
+    and its wave budget (first tokens' steps); and its prefill line, refitted for the prompts a
+    workload sends."""
     step_ms = float(profile["decode_ms"][0][1])  # a decode step at the smallest batch
     cost, evidence = prefill_line(fitted, profile.get("jitter_quantiles") or {})
     say(f"mlx-lm: {evidence['prefill']['says']}")
     serial, evidence["serial"] = serial_probe(server, step_ms)
     say(f"mlx-lm: {evidence['serial']['says']}")
     if serial:  # --num-draft-tokens is not told apart by timing (rounds arrive close together): its default
-        cost.update(round_per_token(evidence["serial"], profile, say))
+        evidence["streams"] = stream_probe(server)
+        terms, evidence["streams"]["says"] = round_from_streams(evidence["streams"], evidence["serial"], profile)
+        say(f"mlx-lm: {evidence['streams']['says']}")
+        cost.update(terms)
         return {"draft_model": True}, evidence, cost
     cap, prompt, evidence["concurrency"] = concurrency_probe(server, step_ms, float(profile["decode_ms"][-1][1]))
     say(f"mlx-lm: {evidence['concurrency']['says']}")
@@ -46,18 +54,51 @@ def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     return params, evidence, cost
 
 
-def round_per_token(serial: dict, profile: dict, say: Say) -> dict:
-    """A round's price from the long serialized stream's mean gap: the rounds' own gaps (timed where
-    arrivals group) miss the time inside a group, so the twin's tokens came 30% faster than live."""
-    itl = serial["long_itl_ms"]
-    accept = profile.get("accept_prob")
-    if itl is None or accept is None:
-        return {}
-    k = DEFAULT_NUM_DRAFT + 1
-    round_ms = round(itl * fit.expected_tokens_per_round(accept, k), 4)
-    say(f"mlx-lm: a lone speculative stream took {itl:.3f} ms a token: a round of K = {k} at acceptance "
-        f"{accept:.2f} is {round_ms:.2f} ms")
-    return {"round_ms": [[k, round_ms]], "verify_ms": [[1, round_ms], [k, round_ms]]}
+def stream_probe(server: Server, prompts: Sequence[int] = STREAM_PROMPTS, budgets: Sequence[int] = STREAM_BUDGETS,
+                 repeats: int = STREAM_REPEATS) -> dict:
+    """Lone speculative streams of every prompt length and budget, round-robin: per stream [prompt
+    characters, budget, prompt tokens, tokens out, ms a token after the first]."""
+    points = []
+    for rep, chars, budget in itertools.product(range(repeats), prompts, budgets):
+        got = server.collect(server.body(text_prompt(chars, f"stream:{rep}:{chars}:{budget}"), budget, True))
+        times = _times(got)
+        if len(times) > 1:
+            prompt = (got.usage or {}).get("prompt_tokens") or chars
+            points.append([chars, budget, int(prompt), len(times), round((times[-1] - times[0]) / (len(times) - 1), 4)])
+    return {"points": points}
+
+
+def round_from_streams(streams: dict, serial: dict, profile: dict) -> tuple[dict, str]:
+    """A round's price from lone streams like served ones. Their ms a token after the first is a line
+    in the tokens their cache holds on average (context.mean_cached), through each (prompt, budget)'s
+    median on relative error; a round emits the drafter's mean tokens, and the slope is spread over a
+    round's K positions (the twin's context term). The long serialized stream alone (`serial`) priced
+    short streams 30% slow: its cache was longer than theirs."""
+    accept, k = profile.get("accept_prob"), DEFAULT_NUM_DRAFT + 1
+    cells: dict[tuple[int, int], list[list[float]]] = {}
+    for chars, budget, *point in streams.get("points") or []:
+        cells.setdefault((chars, budget), []).append(point)
+    if accept is None or not cells:
+        return {}, ("no round priced: " + ("no acceptance was measured" if accept is None else
+                                           "no lone stream carried two tokens"))
+    xs = np.array([mean_cached(np.mean([p for p, _, _ in c]), round(np.mean([n for _, n, _ in c])))
+                   for c in cells.values()], float)
+    ys = np.array([float(np.median([y for _, _, y in c])) for c in cells.values()], float)
+    fixed, slope = relative_line(xs, ys)
+    flat = slope <= 0 or fixed <= 0  # the line falls, or is all context: the streams' median prices every round
+    if flat:
+        fixed, slope = float(np.median(ys)), 0.0
+    per_round = fit.expected_tokens_per_round(accept, k)
+    round_ms, per_position = round(fixed * per_round, 4), round(slope * per_round / k, 7)
+    long = serial.get("long_itl_ms")
+    says = (f"lone speculative streams of {len(cells)} lengths ({xs.min():.0f}-{xs.max():.0f} tokens cached on "
+            f"average) took {fixed:.3f} ms + {slope:.5f} ms per cached token a token"
+            + (" (their median: the line through them fell)" if flat else "")
+            + (f" (the long stream {long:.3f} ms a token)" if long else "")
+            + f": a round of K = {k} at acceptance {accept:.2f} is {round_ms:.2f} ms + {per_position:.6f} ms per "
+            "cached token a position")
+    return {"round_ms": [[k, round_ms]], "verify_ms": [[1, round_ms], [k, round_ms]],
+            "context_per_token_ms": per_position}, says
 
 
 def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
