@@ -42,7 +42,8 @@ class Executor:
 
     def run(self, plan: Plan) -> Result:
         """The plan's forwards in order: prefills, then the draft and one forward over the verify
-        and decode rows (verify, fused or decode). A failed call ends the tick's model work."""
+        and decode rows (verify, fused or decode), each verify row over its own K positions. A
+        failed call ends the tick's model work."""
         backend = self.backend
         firsts: list[int | None] = []
         tokens: Sequence[int] = ()
@@ -54,7 +55,10 @@ class Executor:
             verifies, decodes = plan.verifies, plan.decodes
             if verifies:
                 ids = [v.seq_id for v in verifies]
-                drafts = guard(ids, backend.draft, [(v.seq_id, v.last_token) for v in verifies], verifies[0].k - 1)
+                # one draft call at the longest row's K; a row of a smaller K keeps the head of its drafts
+                drafted = guard(ids, backend.draft, [(v.seq_id, v.last_token) for v in verifies],
+                                max(v.k for v in verifies) - 1)
+                drafts = [d[:v.k - 1] for v, d in zip(verifies, drafted)]
                 rows = [(v.seq_id, v.last_token, d) for v, d in zip(verifies, drafts)]
                 if decodes:
                     tokens, targets = guard([seq_id for seq_id, _ in decodes] + ids, backend.fused, decodes, rows)

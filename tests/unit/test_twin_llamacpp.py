@@ -173,13 +173,48 @@ def test_the_cap_check_fails_when_the_draft_is_not_cut(monkeypatch):
     assert calls != [(1, 3)]
 
 
-def test_one_k_for_the_plan_the_largest_cap():
-    """The executor drafts one K for every verify row: a row near its end verifies K positions too
-    (llama.cpp drafts fewer for it), and its budget cuts what it emits."""
-    requests = [Request("long", prompt(8), 9), Request("short", prompt(8, 3), 4)]
-    times, calls = simulate(requests, drafter=True, parallel=2)
-    assert calls[0] == (2, 3)
-    assert len(times["short"]) == 4 and times["short"][1:] == [18.0] * 3
+# a forward priced by its positions (1 ms each), so a row's own K shows in the step's length
+BY_WIDTH = replace(COST, decode_ms=[[1, 1.0], [16, 16.0]], verify_ms=[[1, 1.0], [16, 16.0]])
+
+
+def near_its_end() -> list[Request]:
+    return [Request("long", prompt(8), 9), Request("short", prompt(8, 3), 4)]
+
+
+def check_each_slot_verifies_its_own_cap(times, drafts) -> None:
+    # both prompts (2 + 0.5 x 16); "short" has 3 tokens left, so 2 drafts and 3 positions beside
+    # "long"'s 3 drafts and 4: one draft call at 3 (3 ms) and one verify of 7 positions (7 ms), then
+    # "long" alone: 3 + 4
+    assert drafts == [(2, 3), (1, 3)]
+    assert times["short"] == [10.0, 20.0, 20.0, 20.0]
+    assert times["long"] == [10.0] + [20.0] * 4 + [27.0] * 4
+
+
+def test_each_slot_verifies_its_own_cap_plus_one_positions():
+    """llama-server drafts min(n_max, remaining - 1) for each slot (server_slot::get_n_draft_max, and
+    draft-simple stops each slot's draft at its own n_max): a slot near its budget's end adds fewer
+    positions to the verify batch."""
+    check_each_slot_verifies_its_own_cap(*simulate(near_its_end(), drafter=True, parallel=2, cost=BY_WIDTH))
+
+
+def test_the_own_cap_check_fails_when_every_row_verifies_the_largest_k(monkeypatch):
+    rows = LlamaCppModel._generating_rows
+
+    def largest_k(self, generating):
+        decodes, verifies = rows(self, generating)
+        k = max((v.k for v in verifies), default=0)
+        return decodes, tuple(v._replace(k=k) for v in verifies)
+    monkeypatch.setattr(LlamaCppModel, "_generating_rows", largest_k)
+    with pytest.raises(AssertionError):
+        check_each_slot_verifies_its_own_cap(*simulate(near_its_end(), drafter=True, parallel=2, cost=BY_WIDTH))
+
+
+def test_a_slot_at_its_last_token_decodes_in_the_verify_forward():
+    # "short" (2 tokens) decodes its last one in the forward that verifies "long"'s 4 positions:
+    # one fused forward of 5 positions after a 3-token draft call
+    times, calls = simulate([Request("long", prompt(8), 9), Request("short", prompt(8, 3), 2)], drafter=True,
+                            parallel=2, cost=BY_WIDTH)
+    assert calls[0] == (1, 3) and times["short"] == [10.0, 18.0] and times["long"][1:5] == [18.0] * 4
 
 
 def test_every_param_names_the_flag_it_mirrors():
