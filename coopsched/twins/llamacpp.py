@@ -40,6 +40,9 @@ class LlamaCppModel(StepModel):
         Param("frontend_ms", 0.0, "(the HTTP threads: no flag)",
               "ms from a client's send to the slot loop seeing the request (HTTP, tokenizing): an open-loop "
               "twin submits each request that much later and counts TTFT from its send"),
+        Param("frontend_stall_ms", 0.0, "(the HTTP threads sharing the slot loop's core: no flag)",
+              "ms of the slot loop's core each arrival's HTTP work takes from its send (a server pinned to "
+              "one core): a step it overlaps is stretched by it (0: the HTTP threads have a core of their own)"),
     )
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None,

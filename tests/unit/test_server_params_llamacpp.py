@@ -7,6 +7,7 @@ import pytest
 from harness.calibrate.server_params import llamacpp
 from harness.calibrate.server_params.context import context_slope, mean_cached
 from harness.calibrate.server_params.llamacpp import (
+    arrival_stall,
     draft_cap,
     frontend_overhead,
     llamacpp_reported,
@@ -153,3 +154,18 @@ def test_a_three_row_step_is_timed_not_drawn_between_two_and_four(monkeypatch):
     cost = CostModel(decode_ms=costs["decode_ms"])
     assert cost.decode(3) == pytest.approx(BASE_MS[3], abs=1e-3)
     assert cost.decode(3) > (BASE_MS[2] + BASE_MS[4]) / 2 + 0.05
+
+
+@pytest.mark.parametrize("alone, crossed, join, want", [
+    pytest.param([100.0, 101.0, 99.0], [124.0, 130.0, 123.0], 1.5, 1.5, id="excess-over-the-join"),
+    pytest.param([100.0, 100.0, 100.0], [108.0, 108.0, 300.0], 0.5, 0.5, id="a-stalled-pass-is-a-median-away"),
+    pytest.param([100.0], [104.0], 1.0, 0.0, id="joins-cost-what-the-twin-charges"),
+])
+def test_an_arrivals_stall_is_the_streams_excess_less_its_priced_prompt(alone, crossed, join, want):
+    # 8 arrivals: (median crossed - median alone) / 8 - join
+    ms, line = arrival_stall(alone, crossed, 8, join)
+    assert ms == pytest.approx(want) and f"{join:.3f} ms the twin charges" in line
+
+
+def test_no_timed_stream_gives_no_stall():
+    assert arrival_stall([], [104.0], 8, 1.0)[0] == 0.0

@@ -219,7 +219,8 @@ def test_a_slot_at_its_last_token_decodes_in_the_verify_forward():
 
 def test_every_param_names_the_flag_it_mirrors():
     assert {p.name for p in LlamaCppModel.PARAMS} == {"parallel", "batch_size", "cont_batching", "draft_model",
-                                                      "spec_draft_n_max", "spec_draft_n_min", "frontend_ms"}
+                                                      "spec_draft_n_max", "spec_draft_n_min", "frontend_ms",
+                                                      "frontend_stall_ms"}
     assert all((p.flag.startswith("--") or "no flag" in p.flag) and p.meaning for p in LlamaCppModel.PARAMS)
 
 
@@ -298,3 +299,25 @@ def test_the_frontend_delays_each_arrival_in_an_open_loop_run():
     # a: prompt 4 ms; b, seen before a's first token, joins a's decode: one step of 4 + 4 ms
     assert ttft[0.0] == [4.0, 4.0 + 8.0 - 3.0]
     assert ttft[5.0] == [5.0 + 4.0, 9.0 + 8.0 - 3.0]
+
+
+def test_an_arrivals_http_work_stretches_the_step_it_overlaps():
+    """llama-server pinned to one core: an arrival's HTTP thread (parse, tokenize) takes the core from
+    the slot loop for frontend_stall_ms from its send, so the step it overlaps ends that much later
+    (harness/run/shared_core.py, the seam vLLM's twin uses too)."""
+    from harness.run import runner
+    from harness.run.scenario import RequestSpec, Scenario
+
+    cost = CostModel(prefill_fixed_ms=0.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0], [2, 4.0]])
+    scenario = Scenario("stall", requests=(RequestSpec("a", 0.0, 4, max_tokens=6), RequestSpec("b", 9.0, 4,
+                                                                                           max_tokens=1)))
+    times = {}
+    for stall in (0.0, 3.0):
+        params = {"frontend_ms": 3.0, "frontend_stall_ms": stall}
+        run = runner.execute(runner.priced(scenario, runner.Profile(cost, "llama.cpp", params)),
+                             SchedulerConfig(has_drafter=False))
+        times[stall] = run.token_times
+    # a seen at 3: prompt 3-5, steps 5-9, 9-13; b sent at 9 holds the core 9-12, so that step ends at
+    # 16; b (seen at 12) joins the next step: its prompt 2 ms and a's decode 4 ms
+    assert times[0.0] == {"a": [5.0, 9.0, 13.0, 19.0, 23.0, 27.0], "b": [19.0]}
+    assert times[3.0] == {"a": [5.0, 9.0, 16.0, 22.0, 26.0, 30.0], "b": [22.0]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Sequence
 
 from harness.calibrate.target import Server, text_prompt
@@ -20,6 +21,8 @@ FRONTEND_PROBES = 5
 STEP_ROWS, STEP_TOKENS, STEP_REPEATS = (1, 2, 3, 4), 48, 5  # 5 passes: one stalled pass moves no median
 STEP_PROMPT, LONG_PROMPT = 16, 512  # characters: the points' prompts, and the long one (at most half a slot)
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
+# frontend_stall_ms: a stream alone and with one-token arrivals this far apart, each way this many times
+STALL_TOKENS, STALL_ARRIVALS, STALL_GAP_MS, STALL_REPEATS = 256, 8, 10.0, 3
 
 
 def llamacpp_reported(props: dict | None, slots: list | None) -> tuple[dict, list[str]]:
@@ -201,6 +204,40 @@ def prompt_fixed(profile: dict, frontend_ms: float, evidence: list[str]) -> dict
     return {"prefill_fixed_ms": ms}
 
 
+def arrival_stall(alone: Sequence[float], crossed: Sequence[float], arrivals: int, join_ms: float) -> tuple[float, str]:
+    """frontend_stall_ms: how much longer a stream's generation took (the server's `predicted_ms`,
+    the median of the passes) with `arrivals` one-token requests sent during it than alone, per
+    arrival, less what the twin already charges for an arrival (its prompt joining a step, `join_ms`):
+    what the arrival's HTTP work took of the core, never under 0."""
+    if not alone or not crossed:
+        return 0.0, "frontend_stall_ms = 0: no stream was timed alone and with arrivals"
+    excess = (statistics.median(crossed) - statistics.median(alone)) / arrivals
+    ms = round(max(excess - join_ms, 0.0), 4)
+    return ms, (f"frontend_stall_ms = {ms:g}: a {STALL_TOKENS}-token stream took {statistics.median(alone):.2f} ms "
+                f"alone and {statistics.median(crossed):.2f} ms with {arrivals} one-token arrivals (server's clock, "
+                f"medians of {', '.join(f'{x:.2f}' for x in alone)} and {', '.join(f'{x:.2f}' for x in crossed)}): "
+                f"{excess:.3f} ms an arrival, less the {join_ms:.3f} ms the twin charges for its prompt in a step")
+
+
+def stall_probe(server: Server, costs: CostModel, speculates: bool) -> tuple[float, str]:
+    """The stream alone and with STALL_ARRIVALS arrivals STALL_GAP_MS apart, STALL_REPEATS times each
+    way (the same stream each time: greedy, so the same steps). An arrival's prompt is priced as the
+    twin's executor prices it joining a step (a prefill forward of its tokens)."""
+    key = f"stall:{time.monotonic_ns()}"
+    stream = server.body(text_prompt(STEP_PROMPT, key), STALL_TOKENS, False)
+    alone, crossed, prompts = [], [], []
+    for rep in range(STALL_REPEATS):
+        (got,) = server.together([stream])
+        alone += [float(t["predicted_ms"]) for t in [_timings(got)] if t]
+        bodies = [stream] + [server.body(text_prompt(STEP_PROMPT, f"{key}:{rep}:{i}"), 1, False)
+                             for i in range(STALL_ARRIVALS)]
+        outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(STALL_ARRIVALS)])
+        crossed += [float(t["predicted_ms"]) for t in [_timings(outs[0])] if t]
+        prompts += [int(t.get("prompt_n", 0)) for t in map(_timings, outs[1:]) if t]
+    join = costs.prefill_batch([(round(statistics.mean(prompts)) if prompts else STEP_PROMPT, speculates)])
+    return arrival_stall(alone, crossed, STALL_ARRIVALS, join)
+
+
 def _timings(got: client.Collected) -> dict | None:
     return next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
                 None)
@@ -213,6 +250,9 @@ def fit_llama_cpp(server: Server, profile: dict, fitted: dict, say: Say) -> Fitt
     speculates = bool(params.get("draft_model", fitted.get("speculates")))
     costs, more = llamacpp_costs(server, speculates, int(params.get("spec_draft_n_max", 3)))
     costs.update(prompt_fixed(profile, float(params.get("frontend_ms", 0.0)), more))
+    stall, line = stall_probe(server, CostModel(**{**profile, **costs}), speculates)
+    params["frontend_stall_ms"] = stall
+    more.append(line)
     for line in (*lines, *more):
         say(f"llama.cpp: {line}")
     defaults = CostModel().to_json()  # a term the profile lacks is replaced from its default (0: off)
