@@ -156,16 +156,17 @@ def test_a_three_row_step_is_timed_not_drawn_between_two_and_four(monkeypatch):
     assert cost.decode(3) > (BASE_MS[2] + BASE_MS[4]) / 2 + 0.05
 
 
-@pytest.mark.parametrize("alone, crossed, join, want", [
-    pytest.param([100.0, 101.0, 99.0], [124.0, 130.0, 123.0], 1.5, 1.5, id="excess-over-the-join"),
-    pytest.param([100.0, 100.0, 100.0], [108.0, 108.0, 300.0], 0.5, 0.5, id="a-stalled-pass-is-a-median-away"),
-    pytest.param([100.0], [104.0], 1.0, 0.0, id="joins-cost-what-the-twin-charges"),
+@pytest.mark.parametrize("passes, join, want", [
+    pytest.param([(100.0, 124.0), (101.0, 130.0), (99.0, 123.0)], 1.5, 1.5, id="excess-over-the-join"),
+    # measured: the server's work per arrival grew between passes (its prompt cache fills up)
+    pytest.param([(179.27, 189.64), (184.81, 267.31), (213.05, 265.59)], 2.129, 4.4385, id="paired-not-pooled"),
+    pytest.param([(100.0, 104.0)], 1.0, 0.0, id="joins-cost-what-the-twin-charges"),
 ])
-def test_an_arrivals_stall_is_the_streams_excess_less_its_priced_prompt(alone, crossed, join, want):
-    # 8 arrivals: (median crossed - median alone) / 8 - join
-    ms, line = arrival_stall(alone, crossed, 8, join)
-    assert ms == pytest.approx(want) and f"{join:.3f} ms the twin charges" in line
+def test_an_arrivals_stall_is_the_streams_excess_less_its_priced_prompt(passes, join, want):
+    # 8 arrivals: the median over passes of (with - alone) / 8, less the join
+    ms, line = arrival_stall(passes, 8, join)
+    assert ms == pytest.approx(want, abs=1e-4) and f"{join:.3f} ms the twin charges" in line
 
 
 def test_no_timed_stream_gives_no_stall():
-    assert arrival_stall([], [104.0], 8, 1.0)[0] == 0.0
+    assert arrival_stall([], 8, 1.0)[0] == 0.0

@@ -204,38 +204,40 @@ def prompt_fixed(profile: dict, frontend_ms: float, evidence: list[str]) -> dict
     return {"prefill_fixed_ms": ms}
 
 
-def arrival_stall(alone: Sequence[float], crossed: Sequence[float], arrivals: int, join_ms: float) -> tuple[float, str]:
-    """frontend_stall_ms: how much longer a stream's generation took (the server's `predicted_ms`,
-    the median of the passes) with `arrivals` one-token requests sent during it than alone, per
-    arrival, less what the twin already charges for an arrival (its prompt joining a step, `join_ms`):
-    what the arrival's HTTP work took of the core, never under 0."""
-    if not alone or not crossed:
+def arrival_stall(passes: Sequence[tuple[float, float]], arrivals: int, join_ms: float) -> tuple[float, str]:
+    """frontend_stall_ms: how much longer a stream's generation took (the server's `predicted_ms`)
+    with `arrivals` one-token requests sent during it than alone just before, per arrival (the median
+    over the passes: each pass against its own lone run, as the server's work per arrival grows with
+    the requests it has served), less what the twin already charges for an arrival (its prompt
+    joining a step, `join_ms`): what the arrival took of the core, never under 0."""
+    if not passes:
         return 0.0, "frontend_stall_ms = 0: no stream was timed alone and with arrivals"
-    excess = (statistics.median(crossed) - statistics.median(alone)) / arrivals
+    excess = statistics.median((crossed - alone) / arrivals for alone, crossed in passes)
     ms = round(max(excess - join_ms, 0.0), 4)
-    return ms, (f"frontend_stall_ms = {ms:g}: a {STALL_TOKENS}-token stream took {statistics.median(alone):.2f} ms "
-                f"alone and {statistics.median(crossed):.2f} ms with {arrivals} one-token arrivals (server's clock, "
-                f"medians of {', '.join(f'{x:.2f}' for x in alone)} and {', '.join(f'{x:.2f}' for x in crossed)}): "
-                f"{excess:.3f} ms an arrival, less the {join_ms:.3f} ms the twin charges for its prompt in a step")
+    shown = ", ".join(f"{alone:.2f} -> {crossed:.2f}" for alone, crossed in passes)
+    return ms, (f"frontend_stall_ms = {ms:g}: a {STALL_TOKENS}-token stream alone, then with {arrivals} one-token "
+                f"arrivals (server's clock: {shown} ms): {excess:.3f} ms an arrival (median), less the "
+                f"{join_ms:.3f} ms the twin charges for its prompt in a step")
 
 
 def stall_probe(server: Server, costs: CostModel, speculates: bool) -> tuple[float, str]:
-    """The stream alone and with STALL_ARRIVALS arrivals STALL_GAP_MS apart, STALL_REPEATS times each
-    way (the same stream each time: greedy, so the same steps). An arrival's prompt is priced as the
-    twin's executor prices it joining a step (a prefill forward of its tokens)."""
+    """The stream alone, then with STALL_ARRIVALS arrivals STALL_GAP_MS apart, STALL_REPEATS times (the
+    same stream each time: greedy, so the same steps). An arrival's prompt is priced as the twin's
+    executor prices it joining a step (a prefill forward of its tokens)."""
     key = f"stall:{time.monotonic_ns()}"
     stream = server.body(text_prompt(STEP_PROMPT, key), STALL_TOKENS, False)
-    alone, crossed, prompts = [], [], []
+    passes, prompts = [], []
     for rep in range(STALL_REPEATS):
         (got,) = server.together([stream])
-        alone += [float(t["predicted_ms"]) for t in [_timings(got)] if t]
         bodies = [stream] + [server.body(text_prompt(STEP_PROMPT, f"{key}:{rep}:{i}"), 1, False)
                              for i in range(STALL_ARRIVALS)]
         outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(STALL_ARRIVALS)])
-        crossed += [float(t["predicted_ms"]) for t in [_timings(outs[0])] if t]
+        alone, crossed = _timings(got), _timings(outs[0])
+        if alone and crossed:
+            passes.append((float(alone["predicted_ms"]), float(crossed["predicted_ms"])))
         prompts += [int(t.get("prompt_n", 0)) for t in map(_timings, outs[1:]) if t]
     join = costs.prefill_batch([(round(statistics.mean(prompts)) if prompts else STEP_PROMPT, speculates)])
-    return arrival_stall(alone, crossed, STALL_ARRIVALS, join)
+    return arrival_stall(passes, STALL_ARRIVALS, join)
 
 
 def _timings(got: client.Collected) -> dict | None:
