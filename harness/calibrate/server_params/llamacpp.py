@@ -1,5 +1,6 @@
 """llama-server: what it reports (slots, a draft model), its draft cap, and its step costs by width and by
-the cache each step reads, from its own counts; its frontend time, which the twin delays arrivals by."""
+the cache each step reads, from its own counts; its frontend time, which the twin delays arrivals by, and
+the core time each arrival's HTTP work takes from the slot loop (frontend_stall_ms)."""
 
 from __future__ import annotations
 
