@@ -42,9 +42,10 @@ class Executor:
 
     def run(self, plan: Plan) -> Result:
         """The plan's forwards in order: prefills, then the draft and one forward over the verify
-        and decode rows (verify, fused or decode). Prefills beside decode or verify rows are called
-        `shared`: one forward a step (a mixed step), whose fixed cost the decode rows' forward pays
-        where the cost model says so. A failed call ends the tick's model work."""
+        and decode rows (verify, fused or decode), each verify row over its own K positions. Prefills
+        beside decode or verify rows are called `shared`: one forward a step (a mixed step), whose
+        fixed cost the decode rows' forward pays where the cost model says so. A failed call ends
+        the tick's model work."""
         backend = self.backend
         firsts: list[int | None] = []
         tokens: Sequence[int] = ()
@@ -56,7 +57,10 @@ class Executor:
                 self._prefill(plan.prefills, plan.prefill_batched, bool(verifies or decodes), firsts)
             if verifies:
                 ids = [v.seq_id for v in verifies]
-                drafts = guard(ids, backend.draft, [(v.seq_id, v.last_token) for v in verifies], verifies[0].k - 1)
+                # one draft call at the longest row's K; a row of a smaller K keeps the head of its drafts
+                drafted = guard(ids, backend.draft, [(v.seq_id, v.last_token) for v in verifies],
+                                max(v.k for v in verifies) - 1)
+                drafts = [d[:v.k - 1] for v, d in zip(verifies, drafted)]
                 rows = [(v.seq_id, v.last_token, d) for v, d in zip(verifies, drafts)]
                 if decodes:
                     tokens, targets = guard([seq_id for seq_id, _ in decodes] + ids, backend.fused, decodes, rows)

@@ -40,6 +40,9 @@ class LlamaCppModel(StepModel):
         Param("frontend_ms", 0.0, "(the HTTP threads: no flag)",
               "ms from a client's send to the slot loop seeing the request (HTTP, tokenizing): an open-loop "
               "twin submits each request that much later and counts TTFT from its send"),
+        Param("frontend_stall_ms", 0.0, "(the HTTP threads sharing the slot loop's core: no flag)",
+              "ms of the slot loop's core each arrival's HTTP work takes from its send (a server pinned to "
+              "one core): a step it overlaps is stretched by it (0: the HTTP threads have a core of their own)"),
     )
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None,
@@ -92,17 +95,13 @@ class LlamaCppModel(StepModel):
             self._slot_of[request.id] = slot
 
     def _generating_rows(self, generating: list[Request]) -> tuple[tuple[Decode, ...], tuple[Verify, ...]]:
-        """Each generating slot's work: with a draft model, drafts up to its cap (n_max, cut to
-        its remaining tokens - 1; under n_min: none), else one decode token. The executor drafts
-        one K for a plan's verify rows: K is the largest cap + 1, and a row capped lower verifies
-        K positions too (its extra tokens are cut by its budget)."""
+        """Each generating slot's work: with a draft model, drafts up to its own cap (n_max, cut to
+        its remaining tokens - 1; under n_min: none) and a verify of cap + 1 positions, else one
+        decode token. One draft call serves every drafting slot (the executor drafts at the largest
+        cap; a slot capped lower keeps the head of its drafts)."""
         caps = {r.id: self._draft_cap(r) for r in generating}
         decodes = tuple((r.id, _last(r)) for r in generating if caps[r.id] == 0)
-        spec = [r for r in generating if caps[r.id] > 0]
-        if not spec:
-            return decodes, ()
-        k = 1 + max(caps[r.id] for r in spec)
-        return decodes, tuple(Verify(r.id, _last(r), k) for r in spec)
+        return decodes, tuple(Verify(r.id, _last(r), 1 + caps[r.id]) for r in generating if caps[r.id] > 0)
 
     @property
     def speculates(self) -> bool:

@@ -7,6 +7,7 @@ import pytest
 from harness.calibrate.server_params import llamacpp
 from harness.calibrate.server_params.context import context_slope, mean_cached
 from harness.calibrate.server_params.llamacpp import (
+    arrival_stall,
     draft_cap,
     frontend_overhead,
     llamacpp_reported,
@@ -153,3 +154,19 @@ def test_a_three_row_step_is_timed_not_drawn_between_two_and_four(monkeypatch):
     cost = CostModel(decode_ms=costs["decode_ms"])
     assert cost.decode(3) == pytest.approx(BASE_MS[3], abs=1e-3)
     assert cost.decode(3) > (BASE_MS[2] + BASE_MS[4]) / 2 + 0.05
+
+
+@pytest.mark.parametrize("passes, join, want", [
+    pytest.param([(100.0, 124.0), (101.0, 130.0), (99.0, 123.0)], 1.5, 1.5, id="excess-over-the-join"),
+    # measured: the server's work per arrival grew between passes (its prompt cache fills up)
+    pytest.param([(179.27, 189.64), (184.81, 267.31), (213.05, 265.59)], 2.129, 4.4385, id="paired-not-pooled"),
+    pytest.param([(100.0, 104.0)], 1.0, 0.0, id="joins-cost-what-the-twin-charges"),
+])
+def test_an_arrivals_stall_is_the_streams_excess_less_its_priced_prompt(passes, join, want):
+    # 8 arrivals: the median over passes of (with - alone) / 8, less the join
+    ms, line = arrival_stall(passes, 8, join)
+    assert ms == pytest.approx(want, abs=1e-4) and f"{join:.3f} ms the twin charges" in line
+
+
+def test_no_timed_stream_gives_no_stall():
+    assert arrival_stall([], 8, 1.0)[0] == 0.0

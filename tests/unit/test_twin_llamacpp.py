@@ -173,18 +173,54 @@ def test_the_cap_check_fails_when_the_draft_is_not_cut(monkeypatch):
     assert calls != [(1, 3)]
 
 
-def test_one_k_for_the_plan_the_largest_cap():
-    """The executor drafts one K for every verify row: a row near its end verifies K positions too
-    (llama.cpp drafts fewer for it), and its budget cuts what it emits."""
-    requests = [Request("long", prompt(8), 9), Request("short", prompt(8, 3), 4)]
-    times, calls = simulate(requests, drafter=True, parallel=2)
-    assert calls[0] == (2, 3)
-    assert len(times["short"]) == 4 and times["short"][1:] == [18.0] * 3
+# a forward priced by its positions (1 ms each), so a row's own K shows in the step's length
+BY_WIDTH = replace(COST, decode_ms=[[1, 1.0], [16, 16.0]], verify_ms=[[1, 1.0], [16, 16.0]])
+
+
+def near_its_end() -> list[Request]:
+    return [Request("long", prompt(8), 9), Request("short", prompt(8, 3), 4)]
+
+
+def check_each_slot_verifies_its_own_cap(times, drafts) -> None:
+    # both prompts (2 + 0.5 x 16); "short" has 3 tokens left, so 2 drafts and 3 positions beside
+    # "long"'s 3 drafts and 4: one draft call at 3 (3 ms) and one verify of 7 positions (7 ms), then
+    # "long" alone: 3 + 4
+    assert drafts == [(2, 3), (1, 3)]
+    assert times["short"] == [10.0, 20.0, 20.0, 20.0]
+    assert times["long"] == [10.0] + [20.0] * 4 + [27.0] * 4
+
+
+def test_each_slot_verifies_its_own_cap_plus_one_positions():
+    """llama-server drafts min(n_max, remaining - 1) for each slot (server_slot::get_n_draft_max, and
+    draft-simple stops each slot's draft at its own n_max): a slot near its budget's end adds fewer
+    positions to the verify batch."""
+    check_each_slot_verifies_its_own_cap(*simulate(near_its_end(), drafter=True, parallel=2, cost=BY_WIDTH))
+
+
+def test_the_own_cap_check_fails_when_every_row_verifies_the_largest_k(monkeypatch):
+    rows = LlamaCppModel._generating_rows
+
+    def largest_k(self, generating):
+        decodes, verifies = rows(self, generating)
+        k = max((v.k for v in verifies), default=0)
+        return decodes, tuple(v._replace(k=k) for v in verifies)
+    monkeypatch.setattr(LlamaCppModel, "_generating_rows", largest_k)
+    with pytest.raises(AssertionError):
+        check_each_slot_verifies_its_own_cap(*simulate(near_its_end(), drafter=True, parallel=2, cost=BY_WIDTH))
+
+
+def test_a_slot_at_its_last_token_decodes_in_the_verify_forward():
+    # "short" (2 tokens) decodes its last one in the forward that verifies "long"'s 4 positions:
+    # one fused forward of 5 positions after a 3-token draft call
+    times, calls = simulate([Request("long", prompt(8), 9), Request("short", prompt(8, 3), 2)], drafter=True,
+                            parallel=2, cost=BY_WIDTH)
+    assert calls[0] == (1, 3) and times["short"] == [10.0, 18.0] and times["long"][1:5] == [18.0] * 4
 
 
 def test_every_param_names_the_flag_it_mirrors():
     assert {p.name for p in LlamaCppModel.PARAMS} == {"parallel", "batch_size", "cont_batching", "draft_model",
-                                                      "spec_draft_n_max", "spec_draft_n_min", "frontend_ms"}
+                                                      "spec_draft_n_max", "spec_draft_n_min", "frontend_ms",
+                                                      "frontend_stall_ms"}
     assert all((p.flag.startswith("--") or "no flag" in p.flag) and p.meaning for p in LlamaCppModel.PARAMS)
 
 
@@ -263,3 +299,25 @@ def test_the_frontend_delays_each_arrival_in_an_open_loop_run():
     # a: prompt 4 ms; b, seen before a's first token, joins a's decode: one step of 4 + 4 ms
     assert ttft[0.0] == [4.0, 4.0 + 8.0 - 3.0]
     assert ttft[5.0] == [5.0 + 4.0, 9.0 + 8.0 - 3.0]
+
+
+def test_an_arrivals_http_work_stretches_the_step_it_overlaps():
+    """llama-server pinned to one core: an arrival's HTTP thread (parse, tokenize) takes the core from
+    the slot loop for frontend_stall_ms from its send, so the step it overlaps ends that much later
+    (harness/run/shared_core.py, the seam vLLM's twin uses too)."""
+    from harness.run import runner
+    from harness.run.scenario import RequestSpec, Scenario
+
+    cost = CostModel(prefill_fixed_ms=0.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0], [2, 4.0]])
+    scenario = Scenario("stall", requests=(RequestSpec("a", 0.0, 4, max_tokens=6), RequestSpec("b", 9.0, 4,
+                                                                                           max_tokens=1)))
+    times = {}
+    for stall in (0.0, 3.0):
+        params = {"frontend_ms": 3.0, "frontend_stall_ms": stall}
+        run = runner.execute(runner.priced(scenario, runner.Profile(cost, "llama.cpp", params)),
+                             SchedulerConfig(has_drafter=False))
+        times[stall] = run.token_times
+    # a seen at 3: prompt 3-5, steps 5-9, 9-13; b sent at 9 holds the core 9-12, so that step ends at
+    # 16; b (seen at 12) joins the next step: its prompt 2 ms and a's decode 4 ms
+    assert times[0.0] == {"a": [5.0, 9.0, 13.0, 19.0, 23.0, 27.0], "b": [19.0]}
+    assert times[3.0] == {"a": [5.0, 9.0, 16.0, 22.0, 26.0, 30.0], "b": [22.0]}

@@ -1,10 +1,12 @@
 """llama-server: what it reports (slots, a draft model), its draft cap, and its step costs by width and by
-the cache each step reads, from its own counts; its frontend time, which the twin delays arrivals by."""
+the cache each step reads, from its own counts; its frontend time, which the twin delays arrivals by, and
+the core time each arrival's HTTP work takes from the slot loop (frontend_stall_ms)."""
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Sequence
 
 from harness.calibrate.target import Server, text_prompt
@@ -20,6 +22,8 @@ FRONTEND_PROBES = 5
 STEP_ROWS, STEP_TOKENS, STEP_REPEATS = (1, 2, 3, 4), 48, 5  # 5 passes: one stalled pass moves no median
 STEP_PROMPT, LONG_PROMPT = 16, 512  # characters: the points' prompts, and the long one (at most half a slot)
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
+# frontend_stall_ms: a stream alone and with one-token arrivals this far apart, each way this many times
+STALL_TOKENS, STALL_ARRIVALS, STALL_GAP_MS, STALL_REPEATS = 256, 8, 10.0, 3
 
 
 def llamacpp_reported(props: dict | None, slots: list | None) -> tuple[dict, list[str]]:
@@ -201,6 +205,42 @@ def prompt_fixed(profile: dict, frontend_ms: float, evidence: list[str]) -> dict
     return {"prefill_fixed_ms": ms}
 
 
+def arrival_stall(passes: Sequence[tuple[float, float]], arrivals: int, join_ms: float) -> tuple[float, str]:
+    """frontend_stall_ms: how much longer a stream's generation took (the server's `predicted_ms`)
+    with `arrivals` one-token requests sent during it than alone just before, per arrival (the median
+    over the passes: each pass against its own lone run, as the server's work per arrival grows with
+    the requests it has served), less what the twin already charges for an arrival (its prompt
+    joining a step, `join_ms`): what the arrival took of the core, never under 0."""
+    if not passes:
+        return 0.0, "frontend_stall_ms = 0: no stream was timed alone and with arrivals"
+    excess = statistics.median((crossed - alone) / arrivals for alone, crossed in passes)
+    ms = round(max(excess - join_ms, 0.0), 4)
+    shown = ", ".join(f"{alone:.2f} -> {crossed:.2f}" for alone, crossed in passes)
+    return ms, (f"frontend_stall_ms = {ms:g}: a {STALL_TOKENS}-token stream alone, then with {arrivals} one-token "
+                f"arrivals (server's clock: {shown} ms): {excess:.3f} ms an arrival (median), less the "
+                f"{join_ms:.3f} ms the twin charges for its prompt in a step")
+
+
+def stall_probe(server: Server, costs: CostModel, speculates: bool) -> tuple[float, str]:
+    """The stream alone, then with STALL_ARRIVALS arrivals STALL_GAP_MS apart, STALL_REPEATS times (the
+    same stream each time: greedy, so the same steps). An arrival's prompt is priced as the twin's
+    executor prices it joining a step (a prefill forward of its tokens)."""
+    key = f"stall:{time.monotonic_ns()}"
+    stream = server.body(text_prompt(STEP_PROMPT, key), STALL_TOKENS, False)
+    passes, prompts = [], []
+    for rep in range(STALL_REPEATS):
+        (got,) = server.together([stream])
+        bodies = [stream] + [server.body(text_prompt(STEP_PROMPT, f"{key}:{rep}:{i}"), 1, False)
+                             for i in range(STALL_ARRIVALS)]
+        outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(STALL_ARRIVALS)])
+        alone, crossed = _timings(got), _timings(outs[0])
+        if alone and crossed:
+            passes.append((float(alone["predicted_ms"]), float(crossed["predicted_ms"])))
+        prompts += [int(t.get("prompt_n", 0)) for t in map(_timings, outs[1:]) if t]
+    join = costs.prefill_batch([(round(statistics.mean(prompts)) if prompts else STEP_PROMPT, speculates)])
+    return arrival_stall(passes, STALL_ARRIVALS, join)
+
+
 def _timings(got: client.Collected) -> dict | None:
     return next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
                 None)
@@ -213,6 +253,9 @@ def fit_llama_cpp(server: Server, profile: dict, fitted: dict, say: Say) -> Fitt
     speculates = bool(params.get("draft_model", fitted.get("speculates")))
     costs, more = llamacpp_costs(server, speculates, int(params.get("spec_draft_n_max", 3)))
     costs.update(prompt_fixed(profile, float(params.get("frontend_ms", 0.0)), more))
+    stall, line = stall_probe(server, CostModel(**{**profile, **costs}), speculates)
+    params["frontend_stall_ms"] = stall
+    more.append(line)
     for line in (*lines, *more):
         say(f"llama.cpp: {line}")
     defaults = CostModel().to_json()  # a term the profile lacks is replaced from its default (0: off)
