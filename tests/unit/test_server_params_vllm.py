@@ -88,11 +88,13 @@ def test_an_arrival_stall_is_the_excess_of_the_gaps_from_its_send_to_its_first_t
 
 
 class StallServer:
-    """A server whose stream is `times`, and whose one-token arrivals answer `ttft_ms` after their send."""
+    """A server decoding a stream 4 ms a step while one-token requests arrive (90 ms apart, first
+    token `ttft_ms` after their send): each stretches the step it lands in by `stall_ms` plus its
+    prompt's tokens at `per_token_ms` (a short prompt SHORT_TOKENS, a long one LONG_TOKENS)."""
     url, context_tokens = "http://stall", 1024
 
-    def __init__(self, times: list[float], ttft_ms: float) -> None:
-        self.times, self.ttft_ms = times, ttft_ms
+    def __init__(self, stall_ms: float, per_token_ms: float, ttft_ms: float = 12.0) -> None:
+        self.stall_ms, self.per_token_ms, self.ttft_ms = stall_ms, per_token_ms, ttft_ms
 
     def body(self, prompt, max_tokens, speculative):
         return {"prompt": prompt, "max_tokens": max_tokens}
@@ -100,34 +102,56 @@ class StallServer:
     def together(self, bodies, offsets):
         from harness.live.client import Arrival, Collected
 
+        tokens = LONG_TOKENS if len(bodies[1]["prompt"]) > sp.STEP_PROMPT else SHORT_TOKENS
+        stretch = self.stall_ms + self.per_token_ms * tokens
+        times, now = [], 0.0
+        while len(times) < sp.STALL_TOKENS:
+            now += 4.0 + (stretch if any(now < s <= now + 4.0 for s in offsets[1:]) else 0.0)
+            times.append(now)
+
         def got(sent_ms, times):
             return Collected(int(sent_ms * 1e6), [Arrival(int(t * 1e6), 1, None, "x", None, None, {}) for t in times])
-        return [got(0.0, self.times)] + [got(o, [o + self.ttft_ms]) for o in offsets[1:]]
+        return [got(0.0, times)] + [got(o, [o + self.ttft_ms]) for o in offsets[1:]]
 
 
-def test_the_stall_probe_fits_the_median_stall_less_the_arrivals_own_prompt(monkeypatch):
-    # every arrival (90 ms apart) stretches the step it lands in by 5.5 ms; its 16-token prompt at
-    # 0.03 ms a token is the twin's to charge, so 5.5 - 0.48 is the frontend's
-    sends = [90.0 * (i + 1) for i in range(sp.STALL_ARRIVALS)]
-    times, now = [], 0.0
-    while len(times) < sp.STALL_TOKENS:
-        now += 4.0 + (5.5 if any(now < s <= now + 4.0 for s in sends) else 0.0)
-        times.append(now)
-    prompts = iter([{sp.PROMPT_TOKENS: 0.0}, {sp.PROMPT_TOKENS: 16.0 * (sp.STALL_ARRIVALS + 1)}])
-    monkeypatch.setattr(sp.client, "settled", lambda scrape: next(prompts))
+SHORT_TOKENS, LONG_TOKENS = 16.0, 400.0
+
+
+def prompt_counts(monkeypatch, long: bool = True) -> None:
+    """vLLM's prompt-token counter around the two passes: the short one's stream and arrivals all
+    SHORT_TOKENS, the long one's stream SHORT_TOKENS and its arrivals LONG_TOKENS (or, not `long`,
+    no long arrival counted)."""
+    short = SHORT_TOKENS * (sp.STALL_ARRIVALS + 1)
+    long_pass = SHORT_TOKENS + (LONG_TOKENS * sp.STALL_ARRIVALS if long else 0.0)
+    counts = iter([0.0, short, short, short + long_pass])
+    monkeypatch.setattr(sp.client, "settled", lambda scrape: {sp.PROMPT_TOKENS: next(counts)})
+
+
+def test_the_stall_probe_splits_an_arrivals_cost_into_the_frontends_and_its_prompts(monkeypatch):
+    # every arrival stretches the step it lands in by 5.0 ms of frontend work and 0.01 ms a prompt
+    # token: 5.16 ms at 16 tokens, 9.0 at 400 -> 0.01 a token in a decode step's forward, and 5.0
+    prompt_counts(monkeypatch)
     out = sp.VllmFit(lambda line: None)
-    sp.stall_probe(out, StallServer(times, 12.0), {"prefill_per_token_ms": 0.03})
-    assert out.params["frontend_stall_ms"] == pytest.approx(5.5 - 0.48)
+    sp.stall_probe(out, StallServer(5.0, 0.01), {"prefill_per_token_ms": 0.03})
+    assert out.cost.get("shared_prefill_per_token_ms") == pytest.approx(0.01)
+    assert out.params["frontend_stall_ms"] == pytest.approx(5.0)
     assert "the API server's work shares the engine's core" in out.lines[-1]
 
 
-def test_no_stall_is_fitted_where_the_arrivals_cost_only_their_prompts(monkeypatch):
-    times = stream(sp.STALL_TOKENS, 4.0, {})
-    prompts = iter([{sp.PROMPT_TOKENS: 0.0}, {sp.PROMPT_TOKENS: 16.0 * (sp.STALL_ARRIVALS + 1)}])
-    monkeypatch.setattr(sp.client, "settled", lambda scrape: next(prompts))
+def test_without_a_long_pass_the_profiles_per_token_price_takes_the_prompt_out(monkeypatch):
+    prompt_counts(monkeypatch, long=False)
     out = sp.VllmFit(lambda line: None)
-    sp.stall_probe(out, StallServer(times, 12.0), {"prefill_per_token_ms": 0.03})
+    sp.stall_probe(out, StallServer(5.5 - 0.48, 0.03), {"prefill_per_token_ms": 0.03})
+    assert "shared_prefill_per_token_ms" not in out.cost
+    assert out.params["frontend_stall_ms"] == pytest.approx(5.5 - 0.48)  # less 16 tokens at 0.03
+
+
+def test_no_stall_is_fitted_where_the_arrivals_cost_only_their_prompts(monkeypatch):
+    prompt_counts(monkeypatch)
+    out = sp.VllmFit(lambda line: None)
+    sp.stall_probe(out, StallServer(0.0, 0.02), {"prefill_per_token_ms": 0.03})
     assert out.params["frontend_stall_ms"] == 0.0
+    assert out.cost["shared_prefill_per_token_ms"] == pytest.approx(0.02)
 
 
 # -- planted regressions: the rule removed, the tests above must fail ---------------------------------
@@ -153,9 +177,9 @@ PLANTS = {
     "after-the-stream-counted": (_arrivals_after_the_stream_counted, lambda mp: (
         test_an_arrival_stall_is_the_excess_of_the_gaps_from_its_send_to_its_first_token())),
     "window-from-first-token": (_window_from_first_token,
-                                test_the_stall_probe_fits_the_median_stall_less_the_arrivals_own_prompt),
+                                test_the_stall_probe_splits_an_arrivals_cost_into_the_frontends_and_its_prompts),
     "prompt-not-taken-out": (_prompt_not_taken_out,
-                             test_the_stall_probe_fits_the_median_stall_less_the_arrivals_own_prompt),
+                             test_the_stall_probe_splits_an_arrivals_cost_into_the_frontends_and_its_prompts),
 }
 
 

@@ -281,29 +281,52 @@ def arrival_stalls(stream_ms: list[float], arrivals: list[tuple[float, float]]) 
     return base, excess
 
 
-def stall_probe(out: VllmFit, server: Server, profile: dict, arrivals: int = STALL_ARRIVALS) -> None:
-    """frontend_stall_ms: one request decoding STALL_TOKENS (within the context) while `arrivals`
-    one-token requests are sent STALL_GAP_MS apart; the median stretch of its steps over each
-    arrival, less the arrival's prompt at the profile's per-token prefill price (the twin charges
-    that in the step it joins)."""
-    scrape: Callable[[], dict[str, float] | None] = lambda: client.try_scrape(server.url)
+def arrival_excess(server: Server, scrape: Callable[[], dict[str, float] | None], chars: int,
+                   arrivals: int = STALL_ARRIVALS) -> tuple[float, list[float], float]:
+    """One request decoding STALL_TOKENS (within the context) at a STEP_PROMPT prompt while `arrivals`
+    one-token requests of `chars`-character prompts are sent STALL_GAP_MS apart: (the stream's
+    median gap, per arrival the stretch of the stream's steps from its send to its first token, the
+    prompt tokens vLLM counted for all of them)."""
     before = folded(client.settled(scrape))
     key = time.monotonic_ns()
     tokens = min(STALL_TOKENS, (server.context_tokens or 2 * STALL_TOKENS) - 2 * STEP_PROMPT)
     bodies = [server.body(text_prompt(STEP_PROMPT, f"stall:{key}"), tokens, False)] + [
-        server.body(text_prompt(STEP_PROMPT, f"stall:{key}:{i}"), 1, False) for i in range(arrivals)]
+        server.body(text_prompt(chars, f"stall:{key}:{i}"), 1, False) for i in range(arrivals)]
     outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(arrivals)])
     after = folded(client.settled(scrape))
     origin = outs[0].sent_ns
     sent = [((o.sent_ns - origin) / 1e6, arrivals_ms(o, origin)[0]) for o in outs[1:]]
     base, excess = arrival_stalls(arrivals_ms(outs[0], origin)[0], [(s, t[0]) for s, t in sent if t])
-    if not excess:
+    return base, excess, after.get(PROMPT_TOKENS, 0.0) - before.get(PROMPT_TOKENS, 0.0)
+
+
+def stall_probe(out: VllmFit, server: Server, profile: dict) -> None:
+    """frontend_stall_ms and shared_prefill_per_token_ms from what an arrival costs a decoding stream,
+    at a short and at a long prompt (`arrival_excess`, the medians over the arrivals): the excess
+    grows by the long prompt's extra tokens at the price a prompt token pays in a decode step's
+    forward; what the short one costs beyond its tokens is the API server's work on the engine's
+    core. Without a long pass, the profile's `prefill_per_token_ms` prices the prompt."""
+    scrape: Callable[[], dict[str, float] | None] = lambda: client.try_scrape(server.url)
+    base, short, counted = arrival_excess(server, scrape, STEP_PROMPT)
+    if not short:
         out.note("frontend_stall_ms not measured: no arrival had a first token")
         return
-    prompt = (after.get(PROMPT_TOKENS, 0.0) - before.get(PROMPT_TOKENS, 0.0)) / len(bodies)
-    own = float(profile.get("prefill_per_token_ms") or 0.0) * prompt
-    out.params["frontend_stall_ms"] = round(max(float(np.median(excess)) - own, 0.0), 3)
+    short_tokens = counted / (STALL_ARRIVALS + 1)  # the stream's prompt is as long as the arrivals'
+    _, long, counted = arrival_excess(server, scrape, LONG_PROMPT)
+    long_tokens = (counted - short_tokens) / STALL_ARRIVALS
+    at_short = float(np.median(short))
+    per_token = float(profile.get("prefill_per_token_ms") or 0.0)
+    if long and long_tokens > short_tokens:
+        at_long = float(np.median(long))
+        per_token = max((at_long - at_short) / (long_tokens - short_tokens), 0.0)
+        out.cost["shared_prefill_per_token_ms"] = round(per_token, 5)
+        out.note(f"shared_prefill_per_token_ms {per_token:.5f}: an arrival's {long_tokens:.0f}-token prompt "
+                 f"stretched a stream's steps {at_long:.2f} ms (median; " + ", ".join(f"{x:.1f}" for x in long)
+                 + f" ms), its {short_tokens:.0f}-token one {at_short:.2f} ms: a prompt token's price in a decode "
+                 "step's forward")
+    own = per_token * short_tokens
+    out.params["frontend_stall_ms"] = round(max(at_short - own, 0.0), 3)
     out.note(f"frontend_stall_ms {out.params['frontend_stall_ms']}: a stream's steps (median {base:.2f} ms) "
-             f"took {float(np.median(excess)):.2f} ms longer over each of {len(excess)} arrivals (median; "
-             + ", ".join(f"{x:.1f}" for x in excess) + f" ms), less {own:.2f} ms of the arrival's {prompt:.0f}-token "
-             "prompt: the API server's work shares the engine's core")
+             f"took {at_short:.2f} ms longer over each of {len(short)} arrivals (median; "
+             + ", ".join(f"{x:.1f}" for x in short) + f" ms), less {own:.2f} ms of the arrival's "
+             f"{short_tokens:.0f}-token prompt: the API server's work shares the engine's core")
