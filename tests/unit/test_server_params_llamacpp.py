@@ -170,3 +170,51 @@ def test_an_arrivals_stall_is_the_streams_excess_less_its_priced_prompt(passes, 
 
 def test_no_timed_stream_gives_no_stall():
     assert arrival_stall([], 8, 1.0)[0] == 0.0
+
+
+# -- accept_prob over many prompts, from the server's own counters -------------------------------------
+class CountingServer:
+    """Every lone speculative request drafts 30 tokens and has `accepted` of them accepted (/metrics)."""
+    url = "http://accept"
+
+    def __init__(self, accepted: float, counts: bool = True) -> None:
+        self.accepted, self.counts, self.sent = accepted, counts, []
+        self.totals = {"llamacpp:spec_decode_num_drafts_total": 0.0, "llamacpp:spec_decode_num_draft_tokens_total": 0.0,
+                       "llamacpp:spec_decode_num_accepted_tokens_total": 0.0}
+
+    def body(self, prompt, max_tokens, speculative):
+        return {"prompt": prompt, "max_tokens": max_tokens, "speculative": speculative}
+
+    def collect(self, url, body, **_):
+        self.sent.append(body)
+        self.totals["llamacpp:spec_decode_num_drafts_total"] += 10
+        self.totals["llamacpp:spec_decode_num_draft_tokens_total"] += 30
+        self.totals["llamacpp:spec_decode_num_accepted_tokens_total"] += self.accepted
+        return Collected(0, [])
+
+    def scrape(self, url):
+        return dict(self.totals) if self.counts else {"llamacpp:spec_decode_num_drafts_total": 0.0}
+
+
+@pytest.mark.parametrize("accepted", [0.0, 15.0, 30.0])
+def test_the_acceptance_is_the_accepted_share_of_every_probes_drafts(accepted, monkeypatch):
+    from harness.calibrate import fit
+
+    server = CountingServer(accepted)
+    monkeypatch.setattr(llamacpp.client, "collect", server.collect)
+    monkeypatch.setattr(llamacpp.client, "try_scrape", server.scrape)
+    p, line = llamacpp.acceptance(server, 3)
+    # the share accepted, as tokens a round at K = 4: 1 + share x 3
+    assert p == pytest.approx(fit.acceptance_from_tokens(1 + accepted / 30 * 3, 4), abs=1e-4)
+    assert len(server.sent) == llamacpp.ACCEPT_PROBES and all(b["speculative"] for b in server.sent)
+    lengths = sorted({len(b["prompt"]) for b in server.sent})
+    assert (lengths[0], lengths[-1]) == llamacpp.ACCEPT_CHARS and len(lengths) > 10  # spread over the served lengths
+    assert f"{llamacpp.ACCEPT_PROBES} lone requests" in line
+
+
+def test_a_server_counting_no_acceptance_keeps_the_timing_fits(monkeypatch):
+    server = CountingServer(10.0, counts=False)
+    monkeypatch.setattr(llamacpp.client, "collect", server.collect)
+    monkeypatch.setattr(llamacpp.client, "try_scrape", server.scrape)
+    p, line = llamacpp.acceptance(server, 3)
+    assert p is None and "timing fit's is kept" in line

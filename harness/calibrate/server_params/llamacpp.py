@@ -9,6 +9,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from harness.calibrate import fit
 from harness.calibrate.target import Server, text_prompt
 from harness.live import client
 from mocks.cost import CostModel
@@ -24,6 +25,9 @@ STEP_PROMPT, LONG_PROMPT = 16, 512  # characters: the points' prompts, and the l
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
 # frontend_stall_ms: a stream alone and with one-token arrivals this far apart, each way this many times
 STALL_TOKENS, STALL_ARRIVALS, STALL_GAP_MS, STALL_REPEATS = 256, 8, 10.0, 3
+# accept_prob: lone speculative requests with prompts spread over the served lengths (the drafter's
+# agreement moves with the text: three prompts read 0.60 and 0.69 in two calibrations of one server)
+ACCEPT_PROBES, ACCEPT_CHARS, ACCEPT_TOKENS = 24, (24, 192), 48
 
 
 def llamacpp_reported(props: dict | None, slots: list | None) -> tuple[dict, list[str]]:
@@ -246,12 +250,41 @@ def _timings(got: client.Collected) -> dict | None:
                 None)
 
 
+def acceptance(server: Server, n_max: int, probes: int = ACCEPT_PROBES) -> tuple[float | None, str]:
+    """accept_prob over `probes` lone speculative requests (ACCEPT_TOKENS each, prompts of
+    ACCEPT_CHARS characters evenly spread), from the server's own counters: the accepted share of the
+    tokens drafted, as the per-draft acceptance that gives as many tokens a round at K = n_max + 1."""
+    scrape = lambda: client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
+    before = scrape()
+    low, high = ACCEPT_CHARS
+    key = time.monotonic_ns()
+    for i in range(probes):
+        chars = low + (high - low) * i // max(probes - 1, 1)
+        client.collect(server.url, server.body(text_prompt(chars, f"accept:{key}:{i}"), ACCEPT_TOKENS, True))
+    after = scrape()
+    if before is None or after is None or before.get("accepted") is None or after.get("accepted") is None:
+        return None, "accept_prob: the server counts no accepted drafts (/metrics); the timing fit's is kept"
+    drafted, accepted = after["draft_tokens"] - before["draft_tokens"], after["accepted"] - before["accepted"]
+    if drafted <= 0:
+        return None, f"accept_prob: {probes} speculative requests drafted nothing; the timing fit's is kept"
+    p = fit.acceptance_from_tokens(1 + accepted / drafted * n_max, n_max + 1)
+    return round(p, 4), (f"accept_prob = {p:.4f}: {accepted:g} of {drafted:g} draft tokens accepted over {probes} "
+                         f"lone requests ({low}-{high}-character prompts, {ACCEPT_TOKENS} tokens each): "
+                         f"{accepted / drafted:.3f} a draft token, as tokens a round at K = {n_max + 1}")
+
+
 def fit_llama_cpp(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     """llama-server: what it reports (slots, a draft model), the draft cap from its counters, and its
     step costs over the steps it counted (`fit_params`' form: params, evidence, cost overrides)."""
     params, lines = fit_llamacpp(server)
     speculates = bool(params.get("draft_model", fitted.get("speculates")))
-    costs, more = llamacpp_costs(server, speculates, int(params.get("spec_draft_n_max", 3)))
+    n_max = int(params.get("spec_draft_n_max", 3))
+    costs, more = llamacpp_costs(server, speculates, n_max)
+    if speculates:
+        accept, line = acceptance(server, n_max)
+        if accept is not None:
+            costs["accept_prob"] = accept
+        more.append(line)
     costs.update(prompt_fixed(profile, float(params.get("frontend_ms", 0.0)), more))
     stall, line = stall_probe(server, CostModel(**{**profile, **costs}), speculates)
     params["frontend_stall_ms"] = stall
