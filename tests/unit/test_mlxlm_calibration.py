@@ -193,3 +193,46 @@ def test_a_drained_batch_is_not_a_wave():
     """Once the long request ends the batch drains and the next probe starts at once: its TTFT falls,
     so it joins the wave before it rather than starting one."""
     assert waves_of(SENT, TTFTS[:10] + [20.0, 15.0], long_last=1200.0)[0] == pytest.approx(434.0)
+
+
+# -- the batched path's context term: rows at a short and a long prompt --------------------------------
+class RowsServer:
+    """B rows decoding together, a token every `base + per_row * B + slope * B * cached` ms, where
+    `cached` is a row's prompt (one token a character) and half its tokens; the first pass of each
+    is slowed by `stall` (a busy core: the least pass is the price)."""
+
+    def __init__(self, slope: float, base: float = 1.0, per_row: float = 0.3, stall: float = 2.0) -> None:
+        self.slope, self.base, self.per_row, self.stall, self.seen = slope, base, per_row, stall, set()
+
+    def body(self, prompt, max_tokens, speculative):
+        return {"prompt": prompt, "max_tokens": max_tokens}
+
+    def together(self, bodies):
+        from harness.live.client import Arrival, Collected
+
+        rows, chars = len(bodies), len(bodies[0]["prompt"])
+        n = bodies[0]["max_tokens"]
+        cached = chars + (n - 2) / 2
+        step = self.base + self.per_row * rows + self.slope * rows * cached
+        step += self.stall if (rows, chars) not in self.seen else 0.0
+        self.seen.add((rows, chars))
+        usage = {"prompt_tokens": chars}
+        return [Collected(0, [Arrival(int((5.0 + step * i) * 1e6), 1, None, "x", None,
+                                      usage if i == n - 1 else None, {}) for i in range(n)])
+                for _ in bodies]
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.001, 0.004])
+def test_the_batched_paths_context_slope_is_each_rows_least_pass(slope):
+    got, cached, evidence = mlxlm.context_probe(RowsServer(slope))
+    assert got == pytest.approx(slope, abs=1e-9)
+    assert cached == pytest.approx(16 + (mlxlm.CONTEXT_TOKENS - 2) / 2)  # the short rows' prompt and half their tokens
+    assert len(evidence["slopes"]) == len(mlxlm.CONTEXT_ROWS)
+
+
+def test_a_probe_that_timed_nothing_prices_no_context():
+    class Silent(RowsServer):
+        def together(self, bodies):
+            from harness.live.client import Collected
+            return [Collected(0, []) for _ in bodies]
+    assert mlxlm.context_probe(Silent(0.001))[0] == 0.0

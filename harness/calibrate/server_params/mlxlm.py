@@ -10,7 +10,7 @@ import numpy as np
 from harness.calibrate import fit
 from harness.calibrate.target import Server, arrivals_ms, text_prompt
 
-from .context import mean_cached
+from .context import context_slope, mean_cached
 from .kinds import Fitted, Say
 
 SERIAL_LONG_MS, SERIAL_DELAY_MS = 1500.0, 50.0  # a request decoding longer than a wave, a second sent
@@ -27,6 +27,9 @@ STREAM_PROMPTS = (24, 96, 192)     # lone speculative streams like the requests 
 STREAM_BUDGETS = (24, 48, 96)      # (characters) and budgets around a chat turn's ...
 STREAM_REPEATS = 4                 # ... each this many times, round-robin (a length's median is its price)
 SUPERLINEAR = 1.5                  # the longest length is left out of the line past this x its reach
+# context_per_token_ms on the batched path: 1 and 4 rows decoding together at a short and a long prompt
+# (characters; the long one within a served request's reach), CONTEXT_PASSES each, the least pass
+CONTEXT_ROWS, CONTEXT_PROMPTS, CONTEXT_TOKENS, CONTEXT_PASSES = (1, 4), (16, 256), 48, 3
 
 
 def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
@@ -49,6 +52,11 @@ def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     say(f"mlx-lm: {evidence['concurrency']['says']}")
     wave, evidence["waves"] = wave_probe(server, step_ms)
     say(f"mlx-lm: {evidence['waves']['says']}")
+    slope, short_cached, evidence["context"] = context_probe(server)
+    say(f"mlx-lm: {evidence['context']['says']}")
+    if slope:
+        cost.update(context_per_token_ms=round(slope, 7), decode_ms=[
+            [b, round(max(ms - slope * b * short_cached, 0.0), 4)] for b, ms in profile["decode_ms"]])
     params = {"draft_model": False, "wave_ms": wave}
     params.update({k: v for k, v in (("decode_concurrency", cap), ("prompt_concurrency", prompt)) if v})
     return params, evidence, cost
@@ -99,6 +107,46 @@ def round_from_streams(streams: dict, serial: dict, profile: dict) -> tuple[dict
             "cached token a position")
     return {"round_ms": [[k, round_ms]], "verify_ms": [[1, round_ms], [k, round_ms]],
             "context_per_token_ms": per_position}, says
+
+
+def rows_step(server: Server, rows: int, chars: int, key: str) -> tuple[float, float] | None:
+    """`rows` classic requests decoding together: the median over the streams of (last token - first)
+    over the tokens after the first (a whole span: on one core mlx_lm.server bunches its deliveries),
+    and the rows' mean cached tokens (their prompts by the server's usage, then half their tokens)."""
+    outs = server.together([server.body(text_prompt(chars, f"{key}:{i}"), CONTEXT_TOKENS, False) for i in range(rows)])
+    spans, cached = [], []
+    for got in outs:
+        times = _times(got)
+        if len(times) > 1:
+            spans.append((times[-1] - times[0]) / (len(times) - 1))
+            cached.append(mean_cached(float((got.usage or {}).get("prompt_tokens") or chars), len(times)))
+    return (float(np.median(spans)), float(np.mean(cached))) if spans else None
+
+
+def context_probe(server: Server) -> tuple[float, float, dict]:
+    """context_per_token_ms for the batched path: CONTEXT_ROWS rows at a short and a long prompt, the
+    least of CONTEXT_PASSES passes each (a busy core only lengthens a step), the mean of the rows'
+    slopes per cached token and row. Returns (slope, the short rows' mean cached tokens, evidence):
+    the decode points, timed at the short prompt, are priced less their rows' share of it."""
+    least: dict[tuple[int, int], tuple[float, float]] = {}
+    for rep in range(CONTEXT_PASSES):
+        for rows in CONTEXT_ROWS:
+            for chars in CONTEXT_PROMPTS:
+                got = rows_step(server, rows, chars, f"context:{rep}:{rows}:{chars}")
+                if got and ((rows, chars) not in least or got[0] < least[rows, chars][0]):
+                    least[rows, chars] = got
+    short, long = CONTEXT_PROMPTS
+    pairs = [(rows, least[rows, short], least[rows, long]) for rows in CONTEXT_ROWS
+             if (rows, short) in least and (rows, long) in least]
+    if not pairs:
+        return 0.0, 0.0, {"slopes": [], "says": "context_per_token_ms 0: no step timed at a short and a long prompt"}
+    slopes = [context_slope(a, b, rows) for rows, a, b in pairs]
+    slope, cached = float(np.mean(slopes)), float(np.mean([a[1] for _, a, _ in pairs]))
+    said = "; ".join(f"B={rows}: {b[0]:.3f} ms a token at {b[1]:.0f} cached against {a[0]:.3f} at {a[1]:.0f}"
+                     for rows, a, b in pairs)
+    return slope, cached, {"slopes": slopes, "says": (
+        f"context_per_token_ms {slope:.6f}: the least of {CONTEXT_PASSES} passes of rows decoding together ({said}); "
+        f"the decode points, timed at about {cached:.0f} tokens cached a row, are priced less their rows' share")}
 
 
 def prefill_line(fitted: dict, quantiles: dict) -> tuple[dict, dict]:
