@@ -53,7 +53,6 @@ class CostModel:
     accept_prob: float | None = None      # the drafter's acceptance measured with this profile
     context_per_token_ms: float = 0.0     # a decode/verify position's attention: ms per token its row has cached
     shared_prefill_fixed_ms: float | None = None  # a prefill's fixed cost in a decode step's forward (None: the same)
-    shared_prefill_per_token_ms: float | None = None  # ... and a prompt token's price there (None: the same)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})  # decode and verify by size: pure, asked every tick
@@ -88,7 +87,7 @@ class CostModel:
     # -- terms the bounds are built from (no jitter) --------------------------
     def prefill(self, num_tokens: int, with_draft: bool = False, shared: bool = False) -> float:
         draft = self.draft_prefill_per_token_ms * num_tokens if with_draft else 0.0
-        return self.prefill_fixed(shared) + self.prefill_per_token(shared) * num_tokens + draft
+        return self.prefill_fixed(shared) + self.prefill_per_token_ms * num_tokens + draft
 
     def prefill_fixed(self, shared: bool = False) -> float:
         """A prefill's fixed cost: a forward's own, or `shared` (decode or verify rows in the same
@@ -96,13 +95,6 @@ class CostModel:
         if shared and self.shared_prefill_fixed_ms is not None:
             return self.shared_prefill_fixed_ms
         return self.prefill_fixed_ms
-
-    def prefill_per_token(self, shared: bool = False) -> float:
-        """A prompt token's price: in a forward of its own, or `shared` with decode or verify rows
-        (`shared_prefill_per_token_ms`, by default the same)."""
-        if shared and self.shared_prefill_per_token_ms is not None:
-            return self.shared_prefill_per_token_ms
-        return self.prefill_per_token_ms
 
     def decode(self, batch_size: int) -> float:
         key = ("decode", batch_size)
@@ -151,7 +143,7 @@ class CostModel:
             return 0.0
         tokens = sum(n for n, _ in spans)
         draft = sum(n for n, with_draft in spans if with_draft)
-        return (self.prefill_fixed(shared) + self.prefill_per_token(shared) * tokens
+        return (self.prefill_fixed(shared) + self.prefill_per_token_ms * tokens
                 + self.draft_prefill_per_token_ms * draft)
 
     def chunk(self, num_tokens: int, with_draft: bool = False) -> float:
@@ -189,10 +181,8 @@ class CostModel:
             raise ValueError(f"switch_ms={self.switch_ms} must be >= 0")
         if not self.context_per_token_ms >= 0:
             raise ValueError(f"context_per_token_ms={self.context_per_token_ms} must be >= 0")
-        for name in ("shared_prefill_fixed_ms", "shared_prefill_per_token_ms"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"{name}={value} must be >= 0 (or null)")
+        if self.shared_prefill_fixed_ms is not None and not self.shared_prefill_fixed_ms >= 0:
+            raise ValueError(f"shared_prefill_fixed_ms={self.shared_prefill_fixed_ms} must be >= 0 (or null)")
         if self.accept_prob is not None and not 0.0 <= self.accept_prob <= 1.0:
             raise ValueError(f"accept_prob={self.accept_prob} must be within [0, 1] (or null)")
         for term, qs in (self.jitter_quantiles or {}).items():

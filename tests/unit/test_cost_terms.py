@@ -53,7 +53,6 @@ def test_default_terms_are_the_earlier_formulas():
     assert c.fused_step(1, K) == c.draft(K - 1) + c.decode(1 + K)
     assert c.max_jitter_factor == 1.0
     assert c.shared_prefill_fixed_ms is None  # a prompt beside decode rows pays a forward's fixed cost, as before
-    assert c.shared_prefill_per_token_ms is None  # ... and its tokens the prompt's price
     assert c.prefill(10, True, shared=True) == c.prefill(10, True) == 2.0 + 0.2 * 10 + 0.05 * 10
     assert c.prefill_batch([(10, False), (6, True)], shared=True) == c.prefill_batch([(10, False), (6, True)])
     assert c.mixed(64, 2) == c.chunk(64) + c.decode(2)
@@ -93,15 +92,6 @@ SHARED = CostModel(prefill_fixed_ms=3.0, prefill_per_token_ms=0.5, shared_prefil
 ])
 def test_a_shared_prefill_pays_the_shared_fixed_cost(price, want):
     assert price(SHARED) == pytest.approx(want)
-
-
-def test_a_shared_prefill_pays_its_tokens_at_the_shared_price():
-    c = CostModel(prefill_fixed_ms=3.0, prefill_per_token_ms=0.5, shared_prefill_fixed_ms=0.0,
-                  shared_prefill_per_token_ms=0.1)
-    assert c.prefill(4) == pytest.approx(3.0 + 2.0)  # a prompt-only forward: the prompt's price
-    assert c.prefill(4, shared=True) == pytest.approx(0.4)
-    assert c.prefill_batch([(4, False), (6, False)], shared=True) == pytest.approx(1.0)
-    assert c.mixed(4, 2) == pytest.approx(0.4 + c.decode(2))
 
 
 def test_the_mock_charges_a_shared_prefill_without_its_forward():
@@ -231,7 +221,6 @@ def test_profile_acceptance_is_the_fallback_of_the_mock_drafter():
     pytest.param("fused_padding", "dense", "ragged, padded, split", id="padding"),
     pytest.param("switch_ms", -1.0, ">= 0", id="negative-switch"),
     pytest.param("shared_prefill_fixed_ms", -0.5, ">= 0 (or null)", id="negative-shared-fixed"),
-    pytest.param("shared_prefill_per_token_ms", -0.1, ">= 0 (or null)", id="negative-shared-per-token"),
     pytest.param("accept_prob", 1.5, "[0, 1]", id="acceptance"),
     pytest.param("round_ms", [[4]], "[K, ms >= 0]", id="round-points"),
     pytest.param("jitter_quantiles", {"decode": [1.2, 0.9]}, "non-decreasing", id="quantiles-order"),

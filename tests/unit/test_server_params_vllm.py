@@ -133,7 +133,7 @@ def test_the_stall_probe_splits_an_arrivals_cost_into_the_frontends_and_its_prom
     prompt_counts(monkeypatch)
     out = sp.VllmFit(lambda line: None)
     sp.stall_probe(out, StallServer(5.0, 0.01), {"prefill_per_token_ms": 0.03})
-    assert out.cost.get("shared_prefill_per_token_ms") == pytest.approx(0.01)
+    assert out.cost.get("prefill_per_token_ms") == pytest.approx(0.01)
     assert out.params["frontend_stall_ms"] == pytest.approx(5.0)
     assert "the API server's work shares the engine's core" in out.lines[-1]
 
@@ -142,7 +142,7 @@ def test_without_a_long_pass_the_profiles_per_token_price_takes_the_prompt_out(m
     prompt_counts(monkeypatch, long=False)
     out = sp.VllmFit(lambda line: None)
     sp.stall_probe(out, StallServer(5.5 - 0.48, 0.03), {"prefill_per_token_ms": 0.03})
-    assert "shared_prefill_per_token_ms" not in out.cost
+    assert "prefill_per_token_ms" not in out.cost
     assert out.params["frontend_stall_ms"] == pytest.approx(5.5 - 0.48)  # less 16 tokens at 0.03
 
 
@@ -151,7 +151,7 @@ def test_no_stall_is_fitted_where_the_arrivals_cost_only_their_prompts(monkeypat
     out = sp.VllmFit(lambda line: None)
     sp.stall_probe(out, StallServer(0.0, 0.02), {"prefill_per_token_ms": 0.03})
     assert out.params["frontend_stall_ms"] == 0.0
-    assert out.cost["shared_prefill_per_token_ms"] == pytest.approx(0.02)
+    assert out.cost["prefill_per_token_ms"] == pytest.approx(0.02)
 
 
 # -- planted regressions: the rule removed, the tests above must fail ---------------------------------
