@@ -1,6 +1,6 @@
 """vLLM: its running cap, step cost per batch and by the rows' caches, K and ngram acceptance from its
-own /metrics; a prompt-only step's forward, its frontend's share of TTFT, and the engine-core time each
-arrival's frontend work takes."""
+own /metrics; a prompt-only step's forward, a prompt token's price in a forward, its frontend's share of
+TTFT, and the engine-core time each arrival's frontend work takes."""
 
 from __future__ import annotations
 
