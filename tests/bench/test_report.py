@@ -1,13 +1,12 @@
 """`coopsched report`: two stored bench runs in the trends, valid PNGs, every scenario x mode checked,
-and the burst timeline showing the classic row idle for the whole burst (on the plotted data)."""
+and the burst timeline showing the classic row idle for the whole burst (on the plotted data).
+The reports are built once a session (tests/bench/conftest.py: `built`, `bare`)."""
 
 from __future__ import annotations
 
 import copy
-import json
 import re
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -23,26 +22,6 @@ from harness.run import runner, scenario
 pytestmark = pytest.mark.bench
 REPO = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def bench_run(storage: Path) -> None:
-    """One real bench run (a small slice of the suite) saved by pytest-benchmark into `storage`."""
-    suite = "tests/bench/test_benchmarks.py"
-    ids = [f"{suite}::test_tick[B=1]"] + [f"{suite}::test_scenario[concurrency2-{m}]" for m in MODES]
-    cmd = [sys.executable, "-m", "pytest", *ids, "-m", "bench", "-q", "-p", "no:cacheprovider",
-           f"--benchmark-storage={storage}", "--benchmark-autosave"]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    storage = tmp_path_factory.mktemp("benchmarks")
-    bench_run(storage)
-    bench_run(storage)
-    out = tmp_path_factory.mktemp("report")
-    assert cli.main(["report", "--out", str(out), "--storage", str(storage)]) == 0
-    return storage, out, json.loads((out / "data.json").read_text())
 
 
 class Page(HTMLParser):
@@ -197,12 +176,11 @@ def test_a_worsened_baseline_turns_the_gate_card_red_naming_the_metric(tmp_path)
     assert "concurrency2/slice/classic_itl_p99_ms" in report.render_markdown(worse)
 
 
-def test_no_stored_runs_is_not_a_failure_and_a_missing_sweep_path_is_one_line(tmp_path, capsys):
-    traces = [runner.run_scenario(scenario.load("concurrency2"), "slice")]
-    fresh = report.build(tmp_path / "out", tmp_path / "no-runs", gate.BASELINE_DIR, 0, traces=traces)
+def test_no_stored_runs_is_not_a_failure_and_a_missing_sweep_path_is_one_line(bare, tmp_path, capsys):
+    fresh, out = bare
     history_verdict = next(v for v in report._verdicts(fresh) if v[1] == "history")
     assert history_verdict[0] is None and "no stored bench runs yet" in history_verdict[2]
-    assert "**history**: --:" in (tmp_path / "out" / "summary.md").read_text()
+    assert "**history**: --:" in (out / "summary.md").read_text()
 
     assert cli.main(["report", "--out", str(tmp_path / "r"), "--sweep", str(tmp_path / "nothere.json")]) == 2
     out = capsys.readouterr().out

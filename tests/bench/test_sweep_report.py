@@ -1,4 +1,5 @@
-"""`coopsched sweep --out DIR` (page, PNGs, the plotted data) and the latest sweep in `coopsched report`."""
+"""`coopsched sweep --out DIR` (page, PNGs, the plotted data) and the latest sweep in `coopsched report`
+(the sweep and the reports are built once a session: tests/bench/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,29 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from factories import mixed_workload
 
-from coopsched.cli import main as cli
-from harness.report import build as report
 from harness.report import sweep_page
-from harness.run import runner, scenario
 from harness.sweep.cli import STORE
 
 pytestmark = pytest.mark.bench
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-MIXED = mixed_workload()
-
-
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory):
-    """One small sweep with --out, run in its own working directory (where it is stored)."""
-    where = tmp_path_factory.mktemp("sweep")
-    (where / "mixed.toml").write_text(MIXED)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(where)
-        assert cli(["sweep", "mixed.toml", "--rates", "2,6", "--seeds", "2", "--slo", "itl_ms=250,ttft_ms=1000",
-                    "--json", "s.json", "--out", "page"]) == 0
-    return where, json.loads((where / "s.json").read_text())
 
 
 def test_out_writes_the_json_the_page_and_three_pngs(swept):
@@ -57,21 +41,23 @@ def test_the_figures_plot_the_summary_and_draw_the_slo(swept):
     assert capacity == sweep["capacity"]
 
 
-def test_report_shows_the_stored_sweep_and_nothing_without_one(swept, tmp_path):
+def test_report_shows_the_stored_sweep_and_nothing_without_one(swept, built, bare):
+    """`built` is `coopsched report --sweep` on the stored sweep; `bare` a report given no sweep."""
     where, sweep = swept
-    traces = [runner.run_scenario(scenario.load("concurrency2"), "slice")]
-    shown = report.build(tmp_path / "with", tmp_path / "no-storage", traces=traces, sweep_path=where / STORE)
-    data = json.loads((tmp_path / "with" / "data.json").read_text())
-    assert data["sweep"]["capacity"] == sweep["capacity"] and shown.sweep == sweep
-    html = (tmp_path / "with" / "index.html").read_text()
+    assert sweep_page.load(where / STORE) == sweep  # what the report reads is the sweep as stored
+    _, out, data = built
+    assert data["sweep"] == {"path": str(where / STORE), "scenario": sweep["scenario"], "capacity": sweep["capacity"]}
+    assert data["plotted"]["sweep:capacity"] == sweep["capacity"]
+    html = (out / "index.html").read_text()
     assert "id='sweep-section'" in html and "href=\"#sweep-section\"" in html
     for key in ("latency", "goodput", "capacity"):
-        assert (tmp_path / "with" / shown.images[f"sweep:{key}"]).read_bytes()[:8] == PNG_SIGNATURE
-    assert "## Latest sweep" in (tmp_path / "with" / "summary.md").read_text()
+        assert (out / data["images"][f"sweep:{key}"]).read_bytes()[:8] == PNG_SIGNATURE
+    assert "## Latest sweep" in (out / "summary.md").read_text()
 
-    bare = report.build(tmp_path / "without", tmp_path / "no-storage", traces=traces, sweep_path=tmp_path / "none")
-    assert bare.sweep is None and "sweep-section" not in (tmp_path / "without" / "index.html").read_text()
-    assert json.loads((tmp_path / "without" / "data.json").read_text())["sweep"] is None
+    shown, out = bare
+    assert shown.sweep is None and "sweep-section" not in (out / "index.html").read_text()
+    assert "## Latest sweep" not in (out / "summary.md").read_text()
+    assert json.loads((out / "data.json").read_text())["sweep"] is None
 
 
 def test_a_file_that_is_not_a_sweep_is_not_shown(tmp_path):
