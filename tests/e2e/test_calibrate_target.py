@@ -77,6 +77,7 @@ def test_the_mock_servers_twin_predicts_it(tmp_path):
     assert cap["top_rate_is_a_bound"] is (cap["missed"] is None) and "capacity rung 1/2" in output, cap
 
 
+@pytest.mark.parallel  # the kind and the words said, never a fitted figure
 def test_the_kind_is_detected_and_an_override_says_what_it_replaced(tmp_path):
     with serve("--decode-ms", "1", "--round-ms", "4") as served:
         profile, _, output = calibrate(served.url, tmp_path, "--repeats", "1", "--max-batch", "1",

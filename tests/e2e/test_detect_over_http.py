@@ -14,7 +14,7 @@ from json_http import JsonHandler
 
 from harness.calibrate.detect import detect_kind
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # what each server answers, never how fast
 
 NOT_FOUND = (404, "application/json", b"Not Found")  # mlx_lm.server's answer to a path it lacks
 JSON_404 = (404, "application/json", json.dumps({"error": {"message": "not found"}}).encode())

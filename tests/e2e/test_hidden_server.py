@@ -115,6 +115,7 @@ def test_locust_behind_a_server_that_reports_nothing(tmp_path, mode, costs):
         assert code == 0 and report["ok"] is True and waits["hol"] == 0, output[-3000:]
 
 
+@pytest.mark.parallel  # which requests were speculated and which check was skipped, never how fast
 def test_a_classic_request_the_server_speculated_is_not_judged_as_classic(tmp_path):
     """llama.cpp ignores `speculative: false`; its `timings.draft_n` says it speculated."""
     with hidden("slice", "fast", "--speculate-all") as url:
