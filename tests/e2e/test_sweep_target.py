@@ -24,6 +24,7 @@ def ladder(tmp_path, monkeypatch):
     return path
 
 
+@pytest.mark.parallel  # /metrics deltas and points counted; sweep exits 0 whatever the SLO's attainment
 def test_a_concurrency_ladder_fills_metrics_delta_per_rung(ladder, tmp_path, capsys):
     out = tmp_path / "ladder.json"
     with serve("--decode-ms", "2", "--round-ms", "8") as served:
@@ -50,6 +51,7 @@ def test_a_concurrency_ladder_fills_metrics_delta_per_rung(ladder, tmp_path, cap
         p["metrics_delta"]["coopsched_spec_rounds_total"] for p in sweep["points"]]
 
 
+@pytest.mark.parallel  # the mode served, requests counted, the refusal's words
 def test_an_open_loop_point_against_a_server_and_a_mode_it_does_not_run(ladder, tmp_path, capsys):
     ladder.write_text(LADDER.replace('arrival = "closed"\nconcurrency = 1', 'arrival = "poisson"\nrate_per_s = 5'))
     out = tmp_path / "rates.json"
@@ -64,6 +66,7 @@ def test_an_open_loop_point_against_a_server_and_a_mode_it_does_not_run(ladder, 
     assert line.startswith("error: --mode slice: the server at") and "runs fused" in line
 
 
+@pytest.mark.parallel  # the refusal's words
 def test_a_mode_against_a_server_that_reports_none_says_so(ladder, capsys):
     """A server whose /health has no `mode` is not said to run one."""
     fake = Path(__file__).with_name("multitoken_server.py")

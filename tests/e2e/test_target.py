@@ -84,6 +84,7 @@ def test_coopsched_serve_on_mlx_passes_against_solo_figures(tmp_path, tiny_model
     assert trace["server"]["health"]["block_size"] == 4 and "A = 1 x R 4" in checks_of(trace)["stall_vs_solo"]["note"]
 
 
+@pytest.mark.parallel  # BurstFinalized records against /metrics counters, never a time
 def test_trace_bursts_agree_with_metrics():
     """One run seen twice: the --target trace's BurstFinalized records and the /metrics counters."""
     from harness.live.http_target import run_against_target

@@ -10,7 +10,7 @@ import pytest
 
 from harness.live import client, stalls
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # stamps in order on one clock, never a duration
 
 
 def body(**extra) -> dict:
