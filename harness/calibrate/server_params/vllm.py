@@ -282,9 +282,9 @@ def arrival_stalls(stream_ms: list[float], arrivals: list[tuple[float, float]]) 
     return base, excess
 
 
-def arrival_excess(server: Server, scrape: Callable[[], dict[str, float] | None], chars: int,
-                   arrivals: int = STALL_ARRIVALS) -> tuple[float, list[float], float]:
-    """One request decoding STALL_TOKENS (within the context) at a STEP_PROMPT prompt while `arrivals`
+def arrival_excess(server: Server, scrape: Callable[[], dict[str, float] | None],
+                   chars: int) -> tuple[float, list[float], float]:
+    """One request decoding STALL_TOKENS (within the context) at a STEP_PROMPT prompt while STALL_ARRIVALS
     one-token requests of `chars`-character prompts are sent STALL_GAP_MS apart: (the stream's
     median gap, per arrival the stretch of the stream's steps from its send to its first token, the
     prompt tokens vLLM counted for all of them)."""
@@ -292,8 +292,8 @@ def arrival_excess(server: Server, scrape: Callable[[], dict[str, float] | None]
     key = time.monotonic_ns()
     tokens = min(STALL_TOKENS, (server.context_tokens or 2 * STALL_TOKENS) - 2 * STEP_PROMPT)
     bodies = [server.body(text_prompt(STEP_PROMPT, f"stall:{key}"), tokens, False)] + [
-        server.body(text_prompt(chars, f"stall:{key}:{i}"), 1, False) for i in range(arrivals)]
-    outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(arrivals)])
+        server.body(text_prompt(chars, f"stall:{key}:{i}"), 1, False) for i in range(STALL_ARRIVALS)]
+    outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(STALL_ARRIVALS)])
     after = folded(client.settled(scrape))
     origin = outs[0].sent_ns
     sent = [((o.sent_ns - origin) / 1e6, arrivals_ms(o, origin)[0]) for o in outs[1:]]
