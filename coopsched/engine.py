@@ -91,11 +91,11 @@ class Engine:
             if not committed.continues:
                 break
             plan = scheduler.next_round(plan)
+        if self.on_tick:  # the tick's counters are booked before any request hears it finished
+            self.on_tick(committed)
         if self.on_event:
             for event in committed.events:
                 self.on_event(event)
-        if self.on_tick:
-            self.on_tick(committed)
         return committed
 
     def run(self, arrivals: Iterable[Request] | Arrivals, keep_events: bool = True) -> RunResult:

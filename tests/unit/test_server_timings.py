@@ -59,3 +59,28 @@ def test_a_classic_request_drafts_nothing():
 def test_spec_counters_of_any_server(samples, expected):
     from harness.live.client import spec_counters
     assert spec_counters(samples) == expected
+
+
+def test_a_finished_request_finds_its_tick_already_counted():
+    """A client that reads /metrics as soon as its response ends must see its own rounds: the engine
+    books a tick's counters before it tells any request that it finished."""
+    from coopsched.server.metrics import Metrics
+
+    metrics = Metrics()
+    engine = make_engine(make_backend(accept_prob=0.7), mode="slice")
+    seen_at_finish: dict[str, float] = {}
+    counted = "llamacpp:spec_decode_num_accepted_tokens_total"
+
+    def on_event(event):
+        if event.finish_reason is not None and event.outcome is not None and event.outcome.burst is not None:
+            seen_at_finish[event.seq_id] = metrics.registry.get_sample_value(counted)
+
+    engine.on_tick, engine.on_event = metrics.record_tick, on_event
+    engine.run(make_requests(3, max_tokens=23, prefix="s"))
+    accepted = {b.seq_id: spec_counts(b.to_json())[2] for b in engine.scheduler.obs.bursts}
+    finish_order = sorted(seen_at_finish, key=seen_at_finish.get)
+    running = 0
+    for seq_id in finish_order:  # each finish sees every accepted token of itself and all before it
+        running += accepted[seq_id]
+        assert seen_at_finish[seq_id] >= running
+    assert max(seen_at_finish.values()) == sum(accepted.values()) > 0
