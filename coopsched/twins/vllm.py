@@ -2,11 +2,13 @@
 
 Transcribed (not copied) from vLLM's `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`,
 chunked prefill on): running requests first, in admission order, then waiting ones FIFO, each
-taking what it needs from the step's token budget; with speculation every decoding row verifies K.
+taking what it needs from the step's token budget; with speculation a decoding row verifies K when
+its proposer found any (ngram: when its prompt lookup matched), else it decodes one.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +33,9 @@ class VllmModel(StepModel):
               "decode, the rest to prompt chunks"),
         Param("num_speculative_tokens", 0, "--speculative-config num_speculative_tokens",
               "K proposals per running request each step (0: no speculation configured)"),
+        Param("propose_share", 1.0, "(ngram: its prompt lookup's matches; no flag)",
+              "share of decoding row-steps the proposer finds drafts for; the others decode one token "
+              "(1: a draft model or MTP proposes every step; ngram only where the text repeats)"),
         Param("enable_chunked_prefill", True, "--enable-chunked-prefill",
               "a prompt longer than the budget left is prefilled in chunks over several steps "
               "(off: it waits for a step with room for all of it)"),
@@ -51,6 +56,7 @@ class VllmModel(StepModel):
         self.token_budget = _count(self.params, "max_num_batched_tokens", 1)
         self.num_spec = _count(self.params, "num_speculative_tokens", 0)  # K: proposals a row a step
         self.chunked = bool(self.params["enable_chunked_prefill"])
+        self.propose_share = _share(self.params["propose_share"])
 
     @property
     def speculates(self) -> bool:
@@ -65,14 +71,15 @@ class VllmModel(StepModel):
 
     def serve_running(self, rows: list[Request], step: Step) -> None:
         """Rows already running, in admission order, each taking what it needs from the budget: a
-        prompt's next chunk, 1 + K under speculation, else 1; the budget spent, later rows wait."""
+        prompt's next chunk, 1 + K when it has proposals, else 1; the budget spent, later rows wait."""
         width = 1 + self.num_spec
         for request in rows:
             if step.budget <= 0:
                 break
             if request.num_prefilled < len(request.prompt_token_ids):
                 step.add_span(self.span(request, step.budget))
-            elif width > 1 and step.budget >= width:
+            elif (width > 1 and step.budget >= width
+                  and proposes(request.id, len(request.output_token_ids), self.propose_share)):
                 step.verifies.append(Verify(request.id, request.last_token, width))  # type: ignore[arg-type]
                 step.budget -= width
             else:  # no drafter, or too little budget for 1 + K (vLLM trims the drafts: one K a plan here)
@@ -121,6 +128,19 @@ class Step:
     def add_span(self, span: Prefill) -> None:
         self.spans.append(span)
         self.budget -= span.stop - span.start
+
+
+def proposes(seq_id: str, produced: int, share: float) -> bool:
+    """Whether a row's proposer finds drafts at this step: `share` of its row-steps, picked by a hash
+    of the request and its tokens so far (deterministic, spread over the run, and the same in the
+    twin and in the driver of vLLM's own scheduler)."""
+    return share >= 1.0 or zlib.crc32(f"{seq_id}:{produced}".encode()) < share * 2**32
+
+
+def _share(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"server_params propose_share={value!r}: a vllm twin wants a share within [0, 1]")
+    return float(value)
 
 
 def _count(params: Mapping[str, object], name: str, least: int) -> int:

@@ -3,7 +3,8 @@
 Both run the same requests on the same mock model and costs: vLLM's scheduler plans each step
 (`schedule()`), coopsched's executor runs it as a plan on the mock (so a step costs what the twin's
 would), and the mock's tokens go back as a `ModelRunnerOutput` (`update_from_output`), with K draft
-ids for every row past its prompt (`update_draft_token_ids`), as vLLM's scheduler unit tests drive it.
+ids for the rows past their prompt that the twin's proposer rule picks (`update_draft_token_ids`;
+every such row at a share of 1), as vLLM's scheduler unit tests drive it.
 Needs vLLM (the `interop` env); `vllm` is imported only here.
 """
 
@@ -23,6 +24,7 @@ from coopsched.core.types import ActionKind, TickKind, TickState
 from coopsched.engine import Engine
 from coopsched.executor import Executor
 from coopsched.twins import make_scheduler
+from coopsched.twins.vllm import proposes
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
 
@@ -42,6 +44,7 @@ class Setup:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048
     num_speculative_tokens: int = 0      # 0: no speculation
+    propose_share: float = 1.0           # row-steps the proposer finds drafts for (ngram: where text repeats)
     cost: CostModel = field(default_factory=CostModel)
     accept_prob: float = 0.7
     max_model_len: int = 4096
@@ -56,7 +59,7 @@ class Setup:
 
     def params(self) -> dict:
         return {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "num_speculative_tokens": self.num_speculative_tokens}
+                "num_speculative_tokens": self.num_speculative_tokens, "propose_share": self.propose_share}
 
 
 def plan_tokens(plan: Plan) -> dict[str, int]:
@@ -192,9 +195,11 @@ class RealScheduler:
             req_ids=ids, req_id_to_index={seq_id: i for i, seq_id in enumerate(ids)},
             sampled_token_ids=[sampled[seq_id] for seq_id in ids], logprobs=None, prompt_logprobs_dict={},
             pooler_output=[]))
-        if self.k:  # every row past its prompt proposes K (the values never matter to the scheduler)
+        if self.k:  # rows past their prompt propose K where the rule says (the values never matter)
+            share = self.setup.propose_share
             ready = [seq_id for seq_id in ids if seq_id in self.scheduler.requests
-                     and self.prefilled[seq_id] == len(self.ours[seq_id].prompt_token_ids)]
+                     and self.prefilled[seq_id] == len(self.ours[seq_id].prompt_token_ids)
+                     and proposes(seq_id, self.produced[seq_id], share)]
             self.scheduler.update_draft_token_ids(DraftTokenIds(ready, [[0] * self.k for _ in ready]))
         return dict(output.num_scheduled_tokens)
 

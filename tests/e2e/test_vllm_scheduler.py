@@ -2,7 +2,8 @@
 
 Both run on the mock model in virtual time (harness/sim/vllm_scheduler.py): vLLM's scheduler plans
 each step, the mock runs it, its tokens go back as the model runner's output. Rows, tokens per row
-and the step start times must be equal, without and with ngram speculation. One difference is
+and the step start times must be equal, without and with ngram speculation (every row proposing,
+or a share of row-steps, as ngram's lookup matches only where text repeats). One difference is
 known and listed: a row the budget cannot give 1 + K (vLLM trims its drafts; the twin decodes it).
 `tox -e interop` installs vLLM; elsewhere these tests are skipped.
 """
@@ -51,11 +52,15 @@ def both(setup: vs.Setup, workdir) -> tuple[list[vs.Step], list[vs.Step]]:
                           accept_prob=0.6), id="ngram-k3"),
     pytest.param(vs.Setup(max_num_seqs=3, max_num_batched_tokens=256, num_speculative_tokens=5, cost=COST,
                           accept_prob=0.8), id="ngram-k5-long-budget"),
+    pytest.param(vs.Setup(max_num_seqs=4, max_num_batched_tokens=64, num_speculative_tokens=4, cost=COST,
+                          accept_prob=0.7, propose_share=0.4), id="ngram-k4-some-rows-propose"),
 ])
 def test_the_twin_schedules_every_step_as_vllm_does(setup, workdir):
     twin, real = both(setup, workdir)
     assert len(real) > 30 and any(len(s.tokens) > 2 for s in real)  # the workload exercises batching
     assert any(n > 1 and n != setup.num_speculative_tokens + 1 for s in real for n in s.tokens.values())  # chunks
+    if 0 < setup.propose_share < 1:  # rows with and without proposals side by side in one step
+        assert any({1, setup.num_speculative_tokens + 1} <= set(s.tokens.values()) for s in real)
     assert vs.differences(twin, real) == []
 
 

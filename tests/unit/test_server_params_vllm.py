@@ -35,13 +35,16 @@ def counters(generated, requests, drafts, drafted, accepted) -> dict[str, float]
             "vllm:spec_decode_num_accepted_tokens_total": accepted}
 
 
-def test_acceptance_gives_the_counted_tokens_per_row_step():
+def test_acceptance_is_per_proposal_and_the_share_is_of_row_steps():
     # 10 requests, 410 tokens: 10 first tokens, 400 from decode steps of which 150 accepted drafts ->
-    # 250 row-steps of 1.6 tokens each (some with no proposal: the twin folds them in)
+    # 250 row-steps; 100 of them proposed (400 drafts), each emitting 1 + 150 / 100 = 2.5 tokens
     before, after = counters(0, 0, 0, 0, 0), counters(410, 10, 100, 400, 150)
-    accept, evidence = sp.ngram_acceptance(before, after, 4)
-    assert fit.expected_tokens_per_round(accept, 5) == pytest.approx(1.6, abs=1e-6)
-    assert "250 row-steps" in evidence and "40% proposed" in evidence
+    accept, share, evidence = sp.ngram_acceptance(before, after, 4)
+    assert share == pytest.approx(0.4)
+    assert fit.expected_tokens_per_round(accept, 5) == pytest.approx(2.5, abs=1e-6)
+    # the twin's rows then emit what vLLM's did: 60% decode one, 40% verify 2.5 -> 1.6 a row-step
+    assert (1 - share) + share * fit.expected_tokens_per_round(accept, 5) == pytest.approx(1.6, abs=1e-6)
+    assert "250 row-steps" in evidence and "propose_share 0.4000" in evidence
 
 
 def test_acceptance_is_none_without_drafts():

@@ -78,6 +78,21 @@ def test_every_running_row_verifies_k_each_step():
     assert {e.seq_id for e in result.events if e.finish_reason} == {"a", "b"}
 
 
+def test_a_row_without_proposals_decodes_one_token():
+    # ngram proposes only where its lookup matches: propose_share 0.3 of row-steps verify 1 + K, the
+    # rest decode one; the same (request, tokens so far) always decides the same way
+    def steps(share):
+        return run([req(f"r{i}", 4, max_tokens=60) for i in range(4)], k=3, accept=0.0, propose_share=share)[0]
+
+    widths = [n for step in steps(0.3)[1:] for n in step.values()]
+    assert set(widths) == {1, 4}
+    assert 0.2 < widths.count(4) / len(widths) < 0.4
+    assert steps(0.3) == steps(0.3)
+    assert {n for step in steps(0.0)[1:] for n in step.values()} == {1}
+    with pytest.raises(ValueError, match=r"propose_share=1.5: .* within \[0, 1\]"):
+        steps(1.5)
+
+
 def test_speculation_shares_the_step_with_a_prompt_chunk():
     steps, plans, _ = run([req("a", 4, max_tokens=9), req("b", 20, at=1.0)], k=3, accept=0.0,
                           max_num_batched_tokens=12)
@@ -127,7 +142,8 @@ def test_params_are_documented_with_the_flag_they_mirror():
         "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
         "num_speculative_tokens": "--speculative-config num_speculative_tokens",
         "enable_chunked_prefill": "--enable-chunked-prefill", "frontend_ms": "(the API server process: no flag)",
-        "frontend_stall_ms": "(the API server sharing the engine's core: no flag)"}
+        "frontend_stall_ms": "(the API server sharing the engine's core: no flag)",
+        "propose_share": "(ngram: its prompt lookup's matches; no flag)"}
     with pytest.raises(ValueError, match="'max_num_seq' unknown"):
         make_scheduler("vllm", SchedulerConfig(), {"max_num_seq": 4})
     with pytest.raises(ValueError, match="max_num_seqs=0: a vllm twin wants an int >= 1"):
@@ -194,6 +210,18 @@ def _waiting_first(mp):
     mp.setattr(VllmModel, "plan_step", prefill_first)
 
 
+def _every_row_proposes(mp):
+    """The proposer's share ignored: every decoding row verifies K (the twin before ngram's share)."""
+    mp.setattr(VllmModel, "__init__", _with_share(VllmModel.__init__, 1.0))
+
+
+def _with_share(init, share):
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.propose_share = share
+    return patched
+
+
 def _one_spec_row(mp):
     """Speculation for one row a step (coopsched's B = 1 session), the others decode."""
     serve = VllmModel.serve_running
@@ -210,6 +238,7 @@ PLANTS = {
     "running-cap-ignored": (_ignore_running_cap, test_budget_and_running_cap_shape_every_step),
     "waiting-before-running": (_waiting_first, test_running_rows_are_served_before_waiting_ones),
     "one-speculative-row": (_one_spec_row, test_every_running_row_verifies_k_each_step),
+    "every-row-proposes": (_every_row_proposes, test_a_row_without_proposals_decodes_one_token),
 }
 
 

@@ -57,11 +57,12 @@ def spec_positions(samples: Mapping[str, float] | None) -> int:
                 if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total") and "position=" in name})
 
 
-def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float], k: int) -> tuple[float, str] | None:
-    """(accept_prob for K drafts a row-step, evidence) from the counters' change over the calibration:
-    every decode row-step emits 1 + its accepted drafts, so row-steps = output tokens - first tokens
-    - accepted; rows ngram found no match for propose nothing, and the twin folds them in (it
-    proposes K for every row), so the acceptance is the one that gives the same tokens per row-step."""
+def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float],
+                     k: int) -> tuple[float, float, str] | None:
+    """(accept_prob for K drafts, the share of row-steps with any, evidence) from the counters' change
+    over the calibration: every decode row-step emits 1 + its accepted drafts, so row-steps = output
+    tokens - first tokens - accepted; ngram proposes only where its prompt lookup matches (one draft
+    a proposing row-step), and a proposing row-step emits 1 + accepted / drafts tokens."""
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
     drafts, drafted = delta.get("vllm:spec_decode_num_drafts_total", 0.0), delta.get(
         "vllm:spec_decode_num_draft_tokens_total", 0.0)
@@ -69,13 +70,14 @@ def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float], k:
     generated = delta.get("vllm:generation_tokens_total", 0.0)
     requests = delta.get("vllm:request_success_total", 0.0)
     row_steps = generated - requests - accepted
-    if not drafted or row_steps <= 0:
+    if not drafts or not drafted or row_steps <= 0:
         return None
-    per_step = (generated - requests) / row_steps
-    accept = fit.acceptance_from_tokens(per_step, k + 1)
-    return accept, (f"vllm:spec_decode_*: {accepted:.0f} of {drafted:.0f} draft tokens accepted over {drafts:.0f} "
-                    f"proposals in {row_steps:.0f} row-steps ({drafts / row_steps:.0%} proposed): "
-                    f"{per_step:.3f} tokens a row-step -> accept_prob {accept:.4f} at K={k}")
+    share = min(drafts / row_steps, 1.0)
+    per_proposal = 1 + accepted / drafts
+    accept = fit.acceptance_from_tokens(per_proposal, k + 1)
+    return accept, share, (f"vllm:spec_decode_*: {accepted:.0f} of {drafted:.0f} draft tokens accepted over "
+                           f"{drafts:.0f} proposals in {row_steps:.0f} row-steps -> propose_share {share:.4f}; "
+                           f"{per_proposal:.3f} tokens a proposing row-step -> accept_prob {accept:.4f} at K={k}")
 
 
 def concurrency_cap(server: Server, num_requests: int = VLLM_PROBE_REQUESTS) -> tuple[int | None, str]:
@@ -191,8 +193,8 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
         out.cost["verify_ms"] = [[b * (k + 1), ms] for b, ms in points]  # a step verifies 1 + K a row
         accept = ngram_acceptance(before, after, k)
         if accept is not None:
-            out.cost["accept_prob"] = round(accept[0], 4)
-            out.note(accept[1])
+            out.cost["accept_prob"], out.params["propose_share"] = round(accept[0], 4), round(accept[1], 4)
+            out.note(accept[2])
     else:
         out.cost.update(verify_ms=[points[0]], accept_prob=None)
         out.note("no vllm:spec_decode_num_accepted_tokens_per_pos positions: no speculation configured")
