@@ -145,7 +145,7 @@ class MockBackend:
     def verify(self, rows: Sequence[tuple[str, int, Sequence[int]]]) -> list[list[int]]:
         num_drafts = [len(d) for _, _, d in rows]
         width = sum(num_drafts) + len(rows)
-        self._charge(self.cost.verify_charge(width, max(num_drafts, default=0)) + self._context(rows, None),
+        self._charge(self.cost.verify_charge(width, max(num_drafts, default=0), len(rows)) + self._context(rows, None),
                      "verify", "spec")
         return self._verify_rows(rows)
 

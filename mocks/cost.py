@@ -53,6 +53,7 @@ class CostModel:
     accept_prob: float | None = None      # the drafter's acceptance measured with this profile
     context_per_token_ms: float = 0.0     # a decode/verify position's attention: ms per token its row has cached
     shared_prefill_fixed_ms: float | None = None  # a prefill's fixed cost in a decode step's forward (None: the same)
+    draft_position_ms: float | None = None  # a verified draft position in a row's forward (None: a decode row's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})  # decode and verify by size: pure, asked every tick
@@ -183,6 +184,8 @@ class CostModel:
             raise ValueError(f"context_per_token_ms={self.context_per_token_ms} must be >= 0")
         if self.shared_prefill_fixed_ms is not None and not self.shared_prefill_fixed_ms >= 0:
             raise ValueError(f"shared_prefill_fixed_ms={self.shared_prefill_fixed_ms} must be >= 0 (or null)")
+        if self.draft_position_ms is not None and not self.draft_position_ms >= 0:
+            raise ValueError(f"draft_position_ms={self.draft_position_ms} must be >= 0 (or null)")
         if self.accept_prob is not None and not 0.0 <= self.accept_prob <= 1.0:
             raise ValueError(f"accept_prob={self.accept_prob} must be within [0, 1] (or null)")
         for term, qs in (self.jitter_quantiles or {}).items():
@@ -199,13 +202,24 @@ class CostModel:
             self._memo[key] = _interp(self.round_ms, block_size) + extra
         return self._memo[key]
 
-    def verify_charge(self, width: int, num_drafts: int) -> float:
-        """What a verify of `width` positions costs after `num_drafts` drafts per row: `verify`,
+    def verify_charge(self, width: int, num_drafts: int, rows: int = 0) -> float:
+        """What a verify of `width` positions over `rows` rows costs after `num_drafts` drafts per
+        row: with `draft_position_ms`, a forward of its rows plus its draft positions; else `verify`,
         or with a whole-round term, what the round leaves once the drafts are paid."""
+        if self.draft_position_ms is not None and rows:
+            return self.ragged(rows, width - rows)
         if self.round_ms is None:
             return self.verify(width)
         k = num_drafts + 1
         return max(self._round_total(k, max(width // k, 1)) - self.draft(num_drafts), 0.0)
+
+    def ragged(self, rows: int, draft_positions: int) -> float:
+        """One forward over `rows` rows holding `draft_positions` draft tokens beside each row's own
+        position: a decode of every position, or with `draft_position_ms` (a draft token riding the
+        forward as a prompt token does, vLLM's step) a decode of the rows plus that per draft."""
+        if self.draft_position_ms is None:
+            return self.decode(rows + draft_positions)
+        return self.decode(rows) + self.draft_position_ms * draft_positions
 
     def fused_forward(self, num_classic: int, widths: list[int]) -> float:
         """One fused forward over `num_classic` decode rows and verify rows of `widths` positions:
@@ -217,9 +231,9 @@ class CostModel:
         if self.fused_padding == "padded":
             return self.decode((num_classic + len(widths)) * max(widths))
         if self.fused_padding == "split":
-            verify = self.verify_charge(sum(widths), max(widths) - 1)
+            verify = self.verify_charge(sum(widths), max(widths) - 1, len(widths))
             return (self.decode(num_classic) if num_classic else 0.0) + verify
-        return self.decode(num_classic + sum(widths))
+        return self.ragged(num_classic + len(widths), sum(widths) - len(widths))
 
     def fused_step(self, num_classic: int, block_size: int, rows: int = 1) -> float:
         """A fused tick: K-1 drafts, then one fused forward (bounds use it)."""

@@ -54,6 +54,7 @@ def test_default_terms_are_the_earlier_formulas():
     assert c.max_jitter_factor == 1.0
     assert c.shared_prefill_fixed_ms is None  # a prompt beside decode rows pays a forward's fixed cost, as before
     assert c.prefill(10, True, shared=True) == c.prefill(10, True) == 2.0 + 0.2 * 10 + 0.05 * 10
+    assert c.draft_position_ms is None and c.verify_charge(12, K - 1, 3) == c.verify(12)  # a draft is a row
     assert c.prefill_batch([(10, False), (6, True)], shared=True) == c.prefill_batch([(10, False), (6, True)])
     assert c.mixed(64, 2) == c.chunk(64) + c.decode(2)
 
@@ -92,6 +93,25 @@ SHARED = CostModel(prefill_fixed_ms=3.0, prefill_per_token_ms=0.5, shared_prefil
 ])
 def test_a_shared_prefill_pays_the_shared_fixed_cost(price, want):
     assert price(SHARED) == pytest.approx(want)
+
+
+# -- a draft position inside one forward (vLLM's step) ------------------------------------------------
+RIDING = CostModel(decode_ms=[[1, 4.0], [8, 11.0]], verify_ms=[[1, 4.0], [64, 100.0]], draft_position_ms=0.25)
+
+
+@pytest.mark.parametrize("price, want, as_rows", [
+    pytest.param(lambda c: c.fused_forward(3, [K, 3]), RIDING.decode(5) + 0.25 * (K - 1 + 2),
+                 RIDING.decode(5 + K - 1 + 2), id="fused"),
+    pytest.param(lambda c: c.verify_charge(2 * K, K - 1, 2), RIDING.decode(2) + 0.25 * 2 * (K - 1),
+                 RIDING.verify(2 * K), id="round"),
+    pytest.param(lambda c: c.fused_forward(2, []), RIDING.decode(2), RIDING.decode(2), id="decodes-only"),
+])
+def test_a_draft_position_costs_its_price_beside_the_rows_decode(price, want, as_rows):
+    """A step of decode rows and verify rows is one forward: its rows' decode, plus each draft token at
+    `draft_position_ms`, whether the step holds decode rows (fused) or only verify rows (a round);
+    without the term a draft position is priced as a row (fused) or by the verify points (a round)."""
+    assert price(RIDING) == pytest.approx(want)
+    assert price(CostModel(**{**RIDING.to_json(), "draft_position_ms": None})) == pytest.approx(as_rows)
 
 
 def test_the_mock_charges_a_shared_prefill_without_its_forward():
@@ -221,6 +241,7 @@ def test_profile_acceptance_is_the_fallback_of_the_mock_drafter():
     pytest.param("fused_padding", "dense", "ragged, padded, split", id="padding"),
     pytest.param("switch_ms", -1.0, ">= 0", id="negative-switch"),
     pytest.param("shared_prefill_fixed_ms", -0.5, ">= 0 (or null)", id="negative-shared-fixed"),
+    pytest.param("draft_position_ms", -0.1, ">= 0 (or null)", id="negative-draft-position"),
     pytest.param("accept_prob", 1.5, "[0, 1]", id="acceptance"),
     pytest.param("round_ms", [[4]], "[K, ms >= 0]", id="round-points"),
     pytest.param("jitter_quantiles", {"decode": [1.2, 0.9]}, "non-decreasing", id="quantiles-order"),

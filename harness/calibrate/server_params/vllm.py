@@ -191,6 +191,11 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     if k:
         out.params["num_speculative_tokens"] = k
         out.cost["verify_ms"] = [[b * (k + 1), ms] for b, ms in points]  # a step verifies 1 + K a row
+        price = out.cost.get("prefill_per_token_ms")
+        if price is not None:  # a draft token rides the step's one forward as a prompt token does
+            out.cost["draft_position_ms"] = price
+            out.note(f"draft_position_ms {price}: a verified draft token costs the forward what a prompt "
+                     "token does (the long arrival's price above); a step is its rows' decode plus that a draft")
         accept = ngram_acceptance(before, after, k)
         if accept is not None:
             out.cost["accept_prob"], out.params["propose_share"] = round(accept[0], 4), round(accept[1], 4)
