@@ -211,3 +211,17 @@ def test_the_context_slope_is_the_mean_of_the_long_rows_slopes(monkeypatch):
 def test_the_points_are_the_steps_less_their_rows_own_cache():
     assert sp.own_points(SHORT, 0.001) == [[1, pytest.approx(3.30 - 0.039)], [4, pytest.approx(3.90 - 0.156)]]
     assert sp.own_points(SHORT, 0.0) == [[1, 3.3], [4, 3.9]]
+
+
+@pytest.mark.parametrize("round_points, lone, prompt_price, want", [
+    pytest.param([[4, 5.79]], 5.20, 0.018, 0.1475, id="the-round-beyond-a-decode-step"),
+    pytest.param([[4, 7.32]], 7.76, 0.018, 0.0, id="never-negative"),
+    pytest.param([[3, 9.0]], 5.20, 0.018, 0.018, id="no-round-at-k: a prompt token's price"),
+    pytest.param(None, 5.20, None, None, id="nothing-measured"),
+])
+def test_a_draft_token_is_priced_from_the_lone_round(round_points, lone, prompt_price, want):
+    out = sp.VllmFit(lambda line: None)
+    if prompt_price is not None:
+        out.cost["prefill_per_token_ms"] = prompt_price
+    sp.draft_price(out, round_points, lone, 4)
+    assert out.cost.get("draft_position_ms") == (pytest.approx(want) if want is not None else None)

@@ -191,11 +191,7 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     if k:
         out.params["num_speculative_tokens"] = k
         out.cost["verify_ms"] = [[b * (k + 1), ms] for b, ms in points]  # a step verifies 1 + K a row
-        price = out.cost.get("prefill_per_token_ms")
-        if price is not None:  # a draft token rides the step's one forward as a prompt token does
-            out.cost["draft_position_ms"] = price
-            out.note(f"draft_position_ms {price}: a verified draft token costs the forward what a prompt "
-                     "token does (the long arrival's price above); a step is its rows' decode plus that a draft")
+        draft_price(out, profile.get("round_ms"), steps[1][0] if 1 in steps else None, k)
         accept = ngram_acceptance(before, after, k)
         if accept is not None:
             out.cost["accept_prob"], out.params["propose_share"] = round(accept[0], 4), round(accept[1], 4)
@@ -207,6 +203,23 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     prompt_forward(out, timed, alone, float(per_token or 0.0))
     _fit_prefill(out, timed, after, ttfts)
     return out.params, {"vllm": out.lines}, out.cost
+
+
+def draft_price(out: VllmFit, round_points: list | None, lone_step_ms: float | None, k: int) -> None:
+    """draft_position_ms: what a lone step with K drafts (the timing fit's round at K, the steps whose
+    tokens came several at once) took beyond vLLM's lone decode step, per draft token, so the twin's
+    round costs the server's. Without a round, a draft token is priced as a prompt token."""
+    at_k = [ms for width, ms in round_points or [] if width == k]
+    if at_k and lone_step_ms is not None:
+        price = round(max(at_k[0] - lone_step_ms, 0.0) / k, 5)
+        why = (f"a lone round of K={k} took {at_k[0]:.2f} ms (the timing fit's), a lone decode step "
+               f"{lone_step_ms:.2f} (vLLM's count above): {price} ms a draft token beside its row's decode")
+    else:
+        price = out.cost.get("prefill_per_token_ms")
+        why = "no lone round timed: a draft token priced as a prompt token in the forward"
+    if price is not None:
+        out.cost["draft_position_ms"] = price
+        out.note(f"draft_position_ms {price}: {why}")
 
 
 def _fit_prefill(out: VllmFit, before: Mapping[str, float], after: Mapping[str, float], ttfts: list[float]) -> None:
