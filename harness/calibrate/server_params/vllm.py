@@ -61,8 +61,8 @@ def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float],
                      k: int) -> tuple[float, float, str] | None:
     """(accept_prob for K drafts, the share of row-steps with any, evidence) from the counters' change
     over the calibration: every decode row-step emits 1 + its accepted drafts, so row-steps = output
-    tokens - first tokens - accepted; ngram proposes only where its prompt lookup matches (one draft
-    a proposing row-step), and a proposing row-step emits 1 + accepted / drafts tokens."""
+    tokens - first tokens - accepted; ngram proposes only where its prompt lookup matches (vLLM
+    counts one draft a proposing row-step), and a proposing row-step emits 1 + accepted / drafts."""
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
     drafts, drafted = delta.get("vllm:spec_decode_num_drafts_total", 0.0), delta.get(
         "vllm:spec_decode_num_draft_tokens_total", 0.0)
