@@ -212,14 +212,7 @@ def _waiting_first(mp):
 
 def _every_row_proposes(mp):
     """The proposer's share ignored: every decoding row verifies K (the twin before ngram's share)."""
-    mp.setattr(VllmModel, "__init__", _with_share(VllmModel.__init__, 1.0))
-
-
-def _with_share(init, share):
-    def patched(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.propose_share = share
-    return patched
+    mp.setattr("coopsched.twins.vllm.proposes", lambda *_: True)
 
 
 def _one_spec_row(mp):
