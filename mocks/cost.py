@@ -124,10 +124,10 @@ class CostModel:
     def round(self, block_size: int, rows: int = 1) -> float:
         """One speculative round: K-1 drafts (rows drafted together) and one verify of rows*K
         (or, when the profile has the whole-round term, `round_ms` at K plus the verify of the
-        other rows' positions)."""
+        other rows' positions; with `draft_position_ms`, the verify priced as the mock charges it)."""
         if self.round_ms is not None:
             return self._round_total(block_size, rows)
-        return self.draft(block_size - 1) + self.verify(rows * block_size)
+        return self.draft(block_size - 1) + self.verify_charge(rows * block_size, block_size - 1, rows)
 
     def slice0(self, prompt_len: int) -> float:
         return self.prefill(prompt_len, with_draft=True)

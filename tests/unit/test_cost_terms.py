@@ -105,6 +105,8 @@ RIDING = CostModel(decode_ms=[[1, 4.0], [8, 11.0]], verify_ms=[[1, 4.0], [64, 10
     pytest.param(lambda c: c.verify_charge(2 * K, K - 1, 2), RIDING.decode(2) + 0.25 * 2 * (K - 1),
                  RIDING.verify(2 * K), id="round"),
     pytest.param(lambda c: c.fused_forward(2, []), RIDING.decode(2), RIDING.decode(2), id="decodes-only"),
+    pytest.param(lambda c: c.round(K, 2), RIDING.draft(K - 1) + RIDING.decode(2) + 0.25 * 2 * (K - 1),
+                 RIDING.draft(K - 1) + RIDING.verify(2 * K), id="bounds-round-as-charged"),
 ])
 def test_a_draft_position_costs_its_price_beside_the_rows_decode(price, want, as_rows):
     """A step of decode rows and verify rows is one forward: its rows' decode, plus each draft token at
