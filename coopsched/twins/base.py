@@ -43,6 +43,7 @@ class StepModel:
     PARAMS: ClassVar[tuple[Param, ...]] = ()
     frontend_ms: float = 0.0  # from a client's send to this scheduler seeing the request (the runner shifts arrivals)
     frontend_stall_ms: float = 0.0  # engine-core time each arrival's frontend takes (the runner stretches forwards)
+    wake_ms: float = 0.0  # core time a streamed token takes waking each other request's frontend (the runner charges)
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
                  keep_history: bool = True, vocab: Vocab | None = None) -> None:
@@ -50,6 +51,7 @@ class StepModel:
         self.params = self.resolve(params or {})
         self.frontend_ms = self.ms_param("frontend_ms")
         self.frontend_stall_ms = self.ms_param("frontend_stall_ms")
+        self.wake_ms = self.ms_param("wake_ms")
         self.vocab = vocab
         self.kv = KVSlotPool(config.num_kv_slots, config.slot_tokens)
         self.obs = BatchObservability(keep_history)

@@ -43,6 +43,10 @@ class LlamaCppModel(StepModel):
         Param("frontend_stall_ms", 0.0, "(the HTTP threads sharing the slot loop's core: no flag)",
               "ms of the slot loop's core each arrival's HTTP work takes from its send (a server pinned to "
               "one core): a step it overlaps is stretched by it (0: the HTTP threads have a core of their own)"),
+        Param("wake_ms", 0.0, "(the result queue's notify_all: no flag)",
+              "ms of the slot loop's core each streamed token takes waking the HTTP thread of every other "
+              "request in the server (all wait on one condition variable): charged after a step, for its "
+              "tokens x the requests beyond its rows (waiting for a slot, or still prompting)"),
     )
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None,

@@ -20,7 +20,7 @@ from coopsched.env import Gates
 from coopsched.twins import KINDS, UNKNOWN, StepModel, make_scheduler, model_class
 from harness.run import metrics
 from harness.run.scenario import Scenario
-from harness.run.shared_core import SharedCoreClock
+from harness.run.shared_core import SharedCoreClock, wake_charge
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
 BackendFactory = Callable[[object, Scenario, int], ModelBackend]  # (clock, scenario, seed) -> backend
@@ -142,7 +142,9 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     for request in requests if frontend else ():  # open loop: each reaches the scheduler that much later ...
         request.arrival_ms += frontend
     try:
-        result = Engine(scheduler, backend, clock, on_event=record).run(arrivals, keep_events=False)
+        wake = twin.wake_ms if twin else 0.0  # each streamed token's wake of the other requests' HTTP threads
+        on_tick = wake_charge(scheduler, charged, wake) if wake else None
+        result = Engine(scheduler, backend, clock, on_event=record, on_tick=on_tick).run(arrivals, keep_events=False)
     finally:
         for request in requests if frontend else ():  # ... and its TTFT counts from when the client sent it
             request.arrival_ms -= frontend

@@ -50,3 +50,16 @@ class SharedCoreClock:
 
     def __getattr__(self, name: str):
         return getattr(self._clock, name)
+
+
+def wake_charge(scheduler, clock, wake_ms: float):
+    """An Engine on_tick that charges, after each step, the core time its streamed tokens take waking
+    the HTTP threads of every request in the server beyond the step's rows (llama-server's result
+    queue wakes every waiting thread for each result it sends): wake_ms x tokens x those requests."""
+    def on_tick(committed) -> None:
+        tokens = sum(len(e.token_ids) for e in committed.events)
+        finished = sum(e.finish_reason is not None for e in committed.events)
+        others = len(scheduler.requests) + finished - len(committed.plan.seq_ids)
+        if tokens and others > 0:
+            clock.sleep(wake_ms * tokens * others)
+    return on_tick

@@ -12,6 +12,7 @@ from harness.calibrate.server_params.llamacpp import (
     frontend_overhead,
     llamacpp_reported,
     prompt_fixed,
+    queue_wake,
     step_ms,
 )
 from harness.live.client import Arrival, Collected
@@ -170,6 +171,21 @@ def test_an_arrivals_stall_is_the_streams_excess_less_its_priced_prompt(passes, 
 
 def test_no_timed_stream_gives_no_stall():
     assert arrival_stall([], 8, 1.0)[0] == 0.0
+
+
+@pytest.mark.parametrize("passes, want", [
+    # medians 1.01, 1.36, 1.72 ms a token: 29.6 us a queued request, over the 4 tokens a step sends
+    pytest.param([(0, 1.00), (0, 1.02), (12, 1.36), (24, 1.72)], 0.71 / 24 / 4, id="linear"),
+    pytest.param([(0, 1.02), (12, 1.01), (24, 1.00)], 0.0, id="a-queue-that-costs-nothing"),
+])
+def test_a_tokens_wake_is_the_queues_slope_over_the_tokens_a_step_sends(passes, want):
+    ms, line = queue_wake(passes, 4)
+    assert ms == pytest.approx(want, abs=1e-5) and "with 24 queued" in line
+
+
+def test_streams_never_timed_with_a_queue_give_no_wake():
+    ms, line = queue_wake([(0, 1.0), (0, 1.01)], 4)
+    assert ms == 0.0 and "not timed both with and without" in line
 
 
 # -- accept_prob over many prompts, from the server's own counters -------------------------------------

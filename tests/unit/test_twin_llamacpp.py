@@ -220,7 +220,7 @@ def test_a_slot_at_its_last_token_decodes_in_the_verify_forward():
 def test_every_param_names_the_flag_it_mirrors():
     assert {p.name for p in LlamaCppModel.PARAMS} == {"parallel", "batch_size", "cont_batching", "draft_model",
                                                       "spec_draft_n_max", "spec_draft_n_min", "frontend_ms",
-                                                      "frontend_stall_ms"}
+                                                      "frontend_stall_ms", "wake_ms"}
     assert all((p.flag.startswith("--") or "no flag" in p.flag) and p.meaning for p in LlamaCppModel.PARAMS)
 
 
@@ -321,3 +321,24 @@ def test_an_arrivals_http_work_stretches_the_step_it_overlaps():
     # 16; b (seen at 12) joins the next step: its prompt 2 ms and a's decode 4 ms
     assert times[0.0] == {"a": [5.0, 9.0, 13.0, 19.0, 23.0, 27.0], "b": [19.0]}
     assert times[3.0] == {"a": [5.0, 9.0, 16.0, 22.0, 26.0, 30.0], "b": [22.0]}
+
+
+def test_each_token_wakes_the_requests_waiting_beyond_the_step():
+    """llama-server's result queue wakes every waiting HTTP thread for each token it sends: a token
+    costs wake_ms for each request in the server beyond the step's rows, charged after the step."""
+    from harness.run import runner
+    from harness.run.scenario import RequestSpec, Scenario
+
+    cost = CostModel(prefill_fixed_ms=0.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0]])
+    scenario = Scenario("wake", requests=(RequestSpec("a", 0.0, 4, max_tokens=3),
+                                          RequestSpec("b", 0.0, 4, max_tokens=1)))
+    times = {}
+    for wake in (0.0, 1.0):
+        params = {"parallel": 1, "wake_ms": wake}
+        run = runner.execute(runner.priced(scenario, runner.Profile(cost, "llama.cpp", params)),
+                             SchedulerConfig(has_drafter=False))
+        times[wake] = run.token_times
+    # one slot: a's prompt 0-2, steps 2-6, 6-10, then b's prompt 10-12; with b waiting, each of a's
+    # three tokens wakes b's thread for 1 ms after its step (its last too: b still waits then)
+    assert times[0.0] == {"a": [2.0, 6.0, 10.0], "b": [12.0]}
+    assert times[1.0] == {"a": [2.0, 7.0, 12.0], "b": [15.0]}

@@ -1,6 +1,7 @@
 """llama-server: what it reports (slots, a draft model), its draft cap, and its step costs by width and by
 the cache each step reads, from its own counts; its frontend time, which the twin delays arrivals by, and
-the core time each arrival's HTTP work takes from the slot loop (frontend_stall_ms)."""
+the core time each arrival's HTTP work takes from the slot loop (frontend_stall_ms), and what each streamed
+token costs it to wake the HTTP threads of the requests waiting in the server (wake_ms)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ STEP_PROMPT, LONG_PROMPT = 16, 512  # characters: the points' prompts, and the l
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
 # frontend_stall_ms: a stream alone and with one-token arrivals this far apart, each way this many times
 STALL_TOKENS, STALL_ARRIVALS, STALL_GAP_MS, STALL_REPEATS = 256, 8, 10.0, 3
+# wake_ms: every slot holding a stream of this many tokens, with this many requests queued behind them
+# (each stream timed from its WAKE_SETTLE-th token on, when the queued requests' own HTTP work is done)
+WAKE_TOKENS, WAKE_SETTLE, WAKE_QUEUED, WAKE_REPEATS = 128, 32, (0, 12, 24), 3
 # accept_prob: lone speculative requests with prompts spread over the served lengths (the drafter's
 # agreement moves with the text: three prompts read 0.60 and 0.69 in two calibrations of one server)
 ACCEPT_PROBES, ACCEPT_CHARS, ACCEPT_TOKENS = 24, (24, 192), 48
@@ -245,6 +249,49 @@ def stall_probe(server: Server, costs: CostModel, speculates: bool) -> tuple[flo
     return arrival_stall(passes, STALL_ARRIVALS, join)
 
 
+def queue_wake(passes: Sequence[tuple[int, float]], parallel: int) -> tuple[float, str]:
+    """wake_ms: the slots' streams' time a token with `queued` requests waiting for a slot, against
+    none: every token the server sends wakes every waiting request's HTTP thread, so each step's
+    tokens (`parallel` x a stream's tokens that step) cost queued x that many wakes, and a stream's
+    time a token grows by parallel x queued wakes. The slope of the passes' medians per queued
+    request, over `parallel`; never under 0."""
+    by_queued: dict[int, list[float]] = {}
+    for queued, ms in passes:
+        by_queued.setdefault(queued, []).append(ms)
+    if len(by_queued) < 2:
+        return 0.0, "wake_ms = 0: the streams were not timed both with and without requests queued"
+    xs = sorted(by_queued)
+    medians = [statistics.median(by_queued[q]) for q in xs]
+    slope = statistics.linear_regression(xs, medians).slope
+    ms = round(max(slope / parallel, 0.0), 5)
+    shown = ", ".join(f"{m:.3f} ms with {q} queued" for q, m in zip(xs, medians))
+    return ms, (f"wake_ms = {ms:g}: {parallel} slots' streams took {shown} a token (tokens {WAKE_SETTLE}-"
+                f"{WAKE_TOKENS} as the client saw them, median of {WAKE_REPEATS}): {slope * 1000:.1f} us per "
+                f"queued request, over the {parallel} tokens a step sends (each wakes every waiting request's "
+                "HTTP thread)")
+
+
+def wake_probe(server: Server, parallel: int) -> tuple[float, str]:
+    """Every slot streams WAKE_TOKENS greedy tokens; WAKE_QUEUED one-token requests arrive just after
+    and wait for a slot until the streams end. Each stream is timed from its WAKE_SETTLE-th token (the
+    queued arrivals' own HTTP work is done by then) to its last, at every queue length alike.
+    WAKE_REPEATS passes at each queue length, interleaved."""
+    key = f"wake:{time.monotonic_ns()}"
+    passes = []
+    for rep in range(WAKE_REPEATS):
+        for queued in WAKE_QUEUED:
+            bodies = [server.body(text_prompt(STEP_PROMPT, f"{key}:{rep}:{queued}:s{i}"), WAKE_TOKENS, False)
+                      for i in range(parallel)]
+            bodies += [server.body(text_prompt(STEP_PROMPT, f"{key}:{rep}:{queued}:q{i}"), 1, False)
+                       for i in range(queued)]
+            outs = server.together(bodies, [0.0] * parallel + [5.0] * queued)
+            per_token = [(t[-1] - t[WAKE_SETTLE]) / (len(t) - 1 - WAKE_SETTLE)
+                         for t in (got.token_times_ms() for got in outs[:parallel]) if len(t) > WAKE_SETTLE + 1]
+            if len(per_token) == parallel:
+                passes.append((queued, statistics.mean(per_token)))
+    return queue_wake(passes, parallel)
+
+
 def _timings(got: client.Collected) -> dict | None:
     return next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
                 None)
@@ -288,6 +335,8 @@ def fit_llama_cpp(server: Server, profile: dict, fitted: dict, say: Say) -> Fitt
     costs.update(prompt_fixed(profile, float(params.get("frontend_ms", 0.0)), more))
     stall, line = stall_probe(server, CostModel(**{**profile, **costs}), speculates)
     params["frontend_stall_ms"] = stall
+    more.append(line)
+    params["wake_ms"], line = wake_probe(server, int(params.get("parallel", 4)))
     more.append(line)
     for line in (*lines, *more):
         say(f"llama.cpp: {line}")
