@@ -12,7 +12,7 @@ beside the twins' (harness/calibrate/books.py) when it keeps them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -139,6 +139,14 @@ def run_once(live: Run, twins: dict[str, Predict], scen: Scenario, slo: Slo) -> 
     return run_figures(timed, slo), live_s, on_twins
 
 
+def attainment_of(predict: Predict, slo: Slo) -> Callable[[float, int], float | None]:
+    """A twin's attainment of `slo` on the held-out workload at (rate, requests)."""
+    def at(rate: float, requests: int) -> float | None:
+        scen = workload(rate, requests)
+        return run_figures(by_ask(scen, predict(scen)), slo)["slo_attainment"]
+    return at
+
+
 def search_step(live: Run, twins: dict[str, Predict], rate: float, requests: int, slo: Slo) -> search.Step:
     """One rate of the capacity search, live and on the twins."""
     scen = workload(rate, requests)
@@ -169,21 +177,29 @@ def ladder(live: Run, twins: dict[str, Predict], light: float, num_requests: int
     return (kept[-1] if len(kept) > 1 else out[min(1, len(out) - 1)].rate_per_s), out
 
 
+def tried_rates(rungs: Sequence[Rung], steps: Sequence[search.Step] = ()) -> list[tuple[float, dict]]:
+    """Every rate tried, with each side's attainment: the ladder's under the search's first (and not
+    searched again), then the search's (all the ladder's when the search did not run)."""
+    first, searched = (steps[0].rate_per_s if steps else float("inf")), {s.rate_per_s for s in steps}
+    return ([(r.rate_per_s, {"live": r.figures["slo_attainment"], **r.twins}) for r in rungs
+             if r.rate_per_s < first and r.rate_per_s not in searched] + [(s.rate_per_s, s.attained) for s in steps])
+
+
 def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAINMENT,
-             steps: Sequence[search.Step] = ()) -> dict:
+             steps: Sequence[search.Step] = (), refined: Mapping[str, Sequence[search.Step]] | None = None) -> dict:
     """Live and on each twin, the sweep's capacity rule (points.capacity: the highest rate at which it
     and every lower rate meet the SLO for >= `attainment` of the requests; None when the lowest
-    misses) on every rate tried: the ladder's under the search's first, then the search's (all the
-    ladder's when the search did not run). A side that met every rate tried has a capacity of at
-    least the highest: its `bounds` entry says so."""
-    first, searched = (steps[0].rate_per_s if steps else float("inf")), {s.rate_per_s for s in steps}
-    tried = ([(r.rate_per_s, {"live": r.figures["slo_attainment"], **r.twins}) for r in rungs
-              if r.rate_per_s < first and r.rate_per_s not in searched] + [(s.rate_per_s, s.attained) for s in steps])
+    misses) on every rate tried (tried_rates), and for a twin also on the rates of its own search
+    (`refined`, search.refine: in virtual time, recorded under `twin_search`). A side that met every
+    rate tried has a capacity of at least the highest: its `bounds` entry says so."""
+    refined = refined or {}
+    tried = tried_rates(rungs, steps)
     sides = list(tried[0][1]) if tried else ["live"]
+    own = lambda side: [(s.rate_per_s, s.attained) for s in refined.get(side, ())]
     met = lambda got, side: got[side] is not None and got[side] >= attainment - points.EPS
     found = points.capacity([{"mode": side, "load": rate, "slo_attainment": got[side]}
-                             for rate, got in tried for side in sides], attainment)
-    bounds = {side: bool(tried) and all(met(got, side) for _, got in tried) for side in sides}
+                             for side in sides for rate, got in tried + own(side)], attainment)
+    bounds = {side: bool(tried) and all(met(got, side) for _, got in tried + own(side)) for side in sides}
     out: dict = {"slo": slo.to_json(), "attainment": attainment, "rates": [rate for rate, _ in tried],
                  **{side: found.get(side) for side in sides}}
     out["error"] = _r4(out["twin"] / out["live"] - 1) if out.get("twin") and out["live"] else None
@@ -191,6 +207,9 @@ def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAIN
     out["bounds"] = bounds
     out["missed"] = min((rate for rate, got in tried if not met(got, "live")), default=None)
     out["search"] = [s.to_json() for s in steps]
+    out["twin_search"] = {side: [{"rate_per_s": s.rate_per_s, "requests": s.requests,
+                                  "slo_attainment": _r4(s.attained[side])} for s in more]
+                          for side, more in refined.items()}
     out["live_s"] = _r4(sum(s.live_s for s in steps))
     return out
 
@@ -215,9 +234,13 @@ def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM
     steps = [] if start is None else search.search(
         lambda rate, requests: search_step(live, twins, rate, requests, slo), start, light, slo, num_requests,
         capacity_rungs, DEFAULT_ATTAINMENT, say, log)
+    tried = [search.Step(rate, 0, 0.0, 0.0, got) for rate, got in tried_rates(rungs, steps)]
+    refined = {side: search.refine(attainment_of(predict, slo), side, tried, light, slo, num_requests,
+                                   capacity_rungs, DEFAULT_ATTAINMENT)
+               for side, predict in twins.items()} if steps else {}
     out: dict = {"rule": RULE, "requests": num_requests, "seed": SEED, "live_runs": runs,
                  "ladder": [r.to_json() for r in rungs], "knee_rate_per_s": knee,
-                 "capacity": capacity(rungs, slo, steps=steps), "workloads": {}}
+                 "capacity": capacity(rungs, slo, steps=steps, refined=refined), "workloads": {}}
     for name, rate in (("light", light), ("knee", knee)):
         scen = workload(rate, num_requests)
         live_figures, live_books, predicted, kept = [], [], {}, {}
@@ -288,5 +311,7 @@ def capacity_line(cap: dict) -> str:
     error = f" (error {cap['error']:+.1%})" if cap["error"] is not None else ""
     twins = "; ".join(f"{name} {rate(name)}{error if name == 'twin' else ''}" for name in ("twin", "before")
                       if name in cap)
+    own = sum(len(v) for v in (cap.get("twin_search") or {}).values())
+    twins += f" (the twins' own search: {own} more rates in virtual time)" if own else ""
     return (f"capacity under {slo} for >= {cap['attainment']:.0%} of requests, {where}: live {rate('live')}"
             f"{missed}; {twins}")

@@ -49,11 +49,12 @@ def rung_requests(rate_per_s: float, slo: Slo, at_least: int) -> int:
     return min(MAX_RUNG_REQUESTS, max(at_least, math.ceil(rate_per_s * span_s)))
 
 
-def next_rate(steps: Sequence[Step], floor: float, attainment: float) -> float | None:
+def next_rate(steps: Sequence[Step], floor: float, attainment: float, side: str = "live") -> float | None:
     """Double past the highest rate that met while none missed; halve (not under `floor`, the light
-    rate) while none met; else bisect the bracket; None once it is within RESOLUTION or cannot move."""
-    met = [s.rate_per_s for s in steps if s.met("live", attainment)]
-    missed = [s.rate_per_s for s in steps if not s.met("live", attainment)]
+    rate) while none met; else bisect the bracket; None once it is within RESOLUTION or cannot move.
+    `side` is whose attainment steers it: the live server's, or a twin's own search."""
+    met = [s.rate_per_s for s in steps if s.met(side, attainment)]
+    missed = [s.rate_per_s for s in steps if not s.met(side, attainment)]
     low, high = max(met, default=None), min(missed, default=None)
     if high is None:
         return round(2 * low, 3)
@@ -87,3 +88,20 @@ def step_line(step: Step, index: int, rungs: int, attainment: float) -> str:
     return (f"capacity rung {index}/{rungs}: {step.rate_per_s:g} req/s, {step.requests} requests arriving over "
             f"{step.arrivals_s:.1f} s: live {share(step.attained['live'])} {verdict} (took {step.live_s:.1f} s); "
             f"{twins}")
+
+
+def refine(predict: Callable[[float, int], float | None], side: str, tried: Sequence[Step], floor: float,
+           slo: Slo, at_least: int, rungs: int, attainment: float) -> list[Step]:
+    """A twin's own search, in virtual time, on from the rates the live search tried (`tried`, each with
+    the twin's attainment under `side`): the same doubling and bisection, steered by the twin's
+    attainment (`predict(rate, requests)`), at most `rungs` more rates. Without it a twin's capacity is
+    only as fine as the live server's rates: a twin that misses the first searched rate falls back to
+    the ladder's light one."""
+    steps = list(tried)
+    more: list[Step] = []
+    while len(more) < rungs and (rate := next_rate(steps, floor, attainment, side)) is not None:
+        requests = rung_requests(rate, slo, at_least)
+        step = Step(rate, requests, requests / rate, 0.0, {side: predict(rate, requests)})
+        steps.append(step)
+        more.append(step)
+    return more

@@ -71,6 +71,22 @@ def test_a_start_that_misses_halves_down_to_the_floor_and_no_lower():
     assert never["live"] is None and never["rates"] == [4.0, 2.0] and never["top_rate_is_a_bound"] is False, never
 
 
+def test_a_twin_far_below_the_live_server_gets_its_own_capacity_not_the_light_rate():
+    """Live capacity 13, the twin's 3: of the live search's rates the twin meets only the first (2)
+    and misses the next (4), so on those rates alone its capacity reads 2; its own search bisects
+    2-4 on the twin alone until the bracket is within RESOLUTION, around the true 3."""
+    steps = search.search(meets_up_to(13.0, 3.0), 2.0, 1.0, SLO, 32, 12, heldout.DEFAULT_ATTAINMENT,
+                          lambda _: None, lambda _: None)
+    assert found(steps)["twin"] == 2.0
+    twin = lambda rate, requests: 1.0 if rate <= 3.0 else 0.5
+    more = search.refine(twin, "twin", steps, 1.0, SLO, 32, 12, heldout.DEFAULT_ATTAINMENT)
+    cap = heldout.capacity([], SLO, steps=steps, refined={"twin": more})
+    above = min(s.rate_per_s for s in more if s.rate_per_s > 3.0)
+    assert cap["twin"] <= 3.0 < above and above / cap["twin"] - 1 <= search.RESOLUTION, cap
+    assert all(2.0 < s.rate_per_s < 4.0 for s in more) and cap["live"] == found(steps)["live"], cap
+    assert [r["rate_per_s"] for r in cap["twin_search"]["twin"]] == [s.rate_per_s for s in more]
+
+
 def test_no_rungs_is_no_search():
     assert run_search(13.0, rungs=0) == []
 
@@ -110,7 +126,9 @@ def test_the_search_finds_the_queue_the_ladder_cannot():
     assert ladder_only["live"] == ladder_only["rates"][-1] == 10.0 and ladder_only["top_rate_is_a_bound"], ladder_only
     assert ladder_only["search"] == [] and ladder_only["missed"] is None, ladder_only
     assert 10.0 < cap["live"] < cap["missed"] <= 14.0 and cap["top_rate_is_a_bound"] is False, cap
-    assert cap["twin"] == 10.0 < cap["live"] and cap["error"] == pytest.approx(10.0 / cap["live"] - 1, abs=1e-4), cap
+    # the twin met 10 and missed 11.892 of the live rates; its own search bisects them in virtual time
+    assert cap["twin"] == 10.905 < cap["live"] and cap["error"] == pytest.approx(10.905 / cap["live"] - 1, abs=1e-4)
+    assert cap["twin_search"] == {"twin": [{"rate_per_s": 10.905, "requests": 88, "slo_attainment": 1.0}]}, cap
     assert len(cap["search"]) == len(lines) <= search.RUNGS, lines
     assert all(s["requests"] >= search.rung_requests(s["rate_per_s"], SLO, heldout.NUM_REQUESTS) for s in cap["search"])
     assert cap["live_s"] == pytest.approx(sum(s["live_s"] for s in cap["search"]), abs=1e-3)
