@@ -301,22 +301,26 @@ def test_the_frontend_delays_each_arrival_in_an_open_loop_run():
     assert ttft[5.0] == [5.0 + 4.0, 9.0 + 8.0 - 3.0]
 
 
+def twin_token_times(scenario, cost: CostModel, params: dict) -> dict[str, list[float]]:
+    """The scenario on the llama.cpp twin with these server_params, through the runner (its
+    shared-core and wake charges): each request's token times."""
+    from harness.run import runner
+
+    profile = runner.Profile(cost, "llama.cpp", params)
+    return runner.execute(runner.priced(scenario, profile), SchedulerConfig(has_drafter=False)).token_times
+
+
 def test_an_arrivals_http_work_stretches_the_step_it_overlaps():
     """llama-server pinned to one core: an arrival's HTTP thread (parse, tokenize) takes the core from
     the slot loop for frontend_stall_ms from its send, so the step it overlaps ends that much later
     (harness/run/shared_core.py, the seam vLLM's twin uses too)."""
-    from harness.run import runner
     from harness.run.scenario import RequestSpec, Scenario
 
     cost = CostModel(prefill_fixed_ms=0.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0], [2, 4.0]])
     scenario = Scenario("stall", requests=(RequestSpec("a", 0.0, 4, max_tokens=6), RequestSpec("b", 9.0, 4,
                                                                                            max_tokens=1)))
-    times = {}
-    for stall in (0.0, 3.0):
-        params = {"frontend_ms": 3.0, "frontend_stall_ms": stall}
-        run = runner.execute(runner.priced(scenario, runner.Profile(cost, "llama.cpp", params)),
-                             SchedulerConfig(has_drafter=False))
-        times[stall] = run.token_times
+    times = {stall: twin_token_times(scenario, cost, {"frontend_ms": 3.0, "frontend_stall_ms": stall})
+             for stall in (0.0, 3.0)}
     # a seen at 3: prompt 3-5, steps 5-9, 9-13; b sent at 9 holds the core 9-12, so that step ends at
     # 16; b (seen at 12) joins the next step: its prompt 2 ms and a's decode 4 ms
     assert times[0.0] == {"a": [5.0, 9.0, 13.0, 19.0, 23.0, 27.0], "b": [19.0]}
@@ -326,18 +330,12 @@ def test_an_arrivals_http_work_stretches_the_step_it_overlaps():
 def test_each_token_wakes_the_requests_waiting_beyond_the_step():
     """llama-server's result queue wakes every waiting HTTP thread for each token it sends: a token
     costs wake_ms for each request in the server beyond the step's rows, charged after the step."""
-    from harness.run import runner
     from harness.run.scenario import RequestSpec, Scenario
 
     cost = CostModel(prefill_fixed_ms=0.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0]])
     scenario = Scenario("wake", requests=(RequestSpec("a", 0.0, 4, max_tokens=3),
                                           RequestSpec("b", 0.0, 4, max_tokens=1)))
-    times = {}
-    for wake in (0.0, 1.0):
-        params = {"parallel": 1, "wake_ms": wake}
-        run = runner.execute(runner.priced(scenario, runner.Profile(cost, "llama.cpp", params)),
-                             SchedulerConfig(has_drafter=False))
-        times[wake] = run.token_times
+    times = {wake: twin_token_times(scenario, cost, {"parallel": 1, "wake_ms": wake}) for wake in (0.0, 1.0)}
     # one slot: a's prompt 0-2, steps 2-6, 6-10, then b's prompt 10-12; with b waiting, each of a's
     # three tokens wakes b's thread for 1 ms after its step (its last too: b still waits then)
     assert times[0.0] == {"a": [2.0, 6.0, 10.0], "b": [12.0]}
