@@ -74,6 +74,7 @@ class Engine:
         self._inbox: queue.Queue = queue.Queue()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.busy_ms = 0.0  # serve_forever: the worker's time in its steps (plan, run, commit, deliveries)
 
     def step(self, arrived: Arrived | None = None) -> Committed:
         """One tick: plan one action, run it, commit it (with the requests that arrived by its end),
@@ -163,7 +164,9 @@ class Engine:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
+            begin = self.clock.now()
             self.step(arrived)
+            self.busy_ms += self.clock.now() - begin
 
     def _drain_inbox(self, on_error, cancels: list[str]) -> list[Request]:
         """Valid submissions (a bad one goes to on_error); cancels are collected."""

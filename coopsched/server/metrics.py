@@ -13,6 +13,8 @@ import json
 import logging
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from coopsched.core import Committed
 
@@ -71,6 +73,12 @@ class Metrics:
                                       registry=registry)
         self.mixed_steps = Counter("coopsched_mixed_steps", "Mixed steps: a chunk and the decode rows in one forward",
                                    registry=registry)
+        # the engine's own step books: what each tick did, over how many rows, and its wall time (a
+        # twin's tick prices are checked against these, free of the HTTP layer's delivery)
+        self.ticks = Counter("coopsched_ticks", "Engine ticks committed, by what the tick did and its rows",
+                             ["kind", "rows"], registry=registry)
+        self.tick_seconds = Counter("coopsched_tick_seconds", "Wall time of the engine's committed ticks, "
+                                    "by kind and rows", ["kind", "rows"], registry=registry)
         for kind in ITL_KINDS:  # export both series from the start
             self.itl.labels(kind=kind)
         self._hol_waiters_max = 0
@@ -87,7 +95,10 @@ class Metrics:
 
     def record_tick(self, committed: Committed) -> None:
         """One committed tick: its counter deltas, HOL waits, and the finished requests' records."""
-        deltas = committed.deltas
+        deltas, record = committed.deltas, committed.record
+        labels = {"kind": record.kind.value, "rows": str(len(record.request_ids))}
+        self.ticks.labels(**labels).inc()
+        self.tick_seconds.labels(**labels).inc(max(record.end_ms - record.start_ms, 0.0) / 1e3)
         for counter, delta in ((self.spec_rounds, deltas.rounds), (self.spec_draft_tokens, deltas.drafted),
                                (self.spec_accepted_tokens, deltas.accepted), (self.spec_slices, deltas.slices),
                                (self.prefill_grants, deltas.prefill_grants), (self.mixed_steps, deltas.mixed_steps)):
@@ -111,6 +122,11 @@ class Metrics:
                 self.burst_wall.observe(burst.burst_wall_ms / 1e3)
                 burst_log.info(json.dumps({"event": "BurstFinalized", **burst.to_json()}))
 
+    def watch_engine(self, engine) -> None:
+        """The worker's busy time, read at scrape time: beside the ticks' own, what the steps cost
+        outside their model calls (planning, commit, deliveries)."""
+        self.registry.register(_Busy(engine))
+
     def watch(self, scheduler) -> None:
         """The gauges read the scheduler at scrape time, so a long tick (a prefill, a burst) shows."""
         def running() -> int:
@@ -121,3 +137,13 @@ class Metrics:
         self.waiting.set_function(
             lambda: len(scheduler.queue) + sum(len(j.rows) for j in list(scheduler.backlog)))
         self.kv_slots.set_function(lambda: scheduler.kv.num_in_use)
+
+
+class _Busy(Collector):
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        yield CounterMetricFamily("coopsched_engine_busy_seconds", "The engine worker's time in its steps "
+                                  "(plan, model call, commit, deliveries), idle waits left out",
+                                  value=self.engine.busy_ms / 1e3)

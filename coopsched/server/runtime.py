@@ -71,6 +71,7 @@ class EngineHost:
         self.engine = Engine(self.scheduler, model.backend, clock, on_event=self._on_event, on_tick=self._on_tick)
         self.metrics = Metrics()
         self.metrics.watch(self.scheduler)
+        self.metrics.watch_engine(self.engine)
         self.failure: BaseException | None = None
         self._live: dict[str, Live] = {}
         self._num_waiting = 0         # submitted, no first token yet (the 429 gate)

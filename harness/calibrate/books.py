@@ -1,7 +1,8 @@
-"""A server's own step books beside its twin's over the same held-out runs: llama-server's /metrics
-counts its llama_decode calls, busy slots per call and drafts; the twin counts its steps, rows per
-step and verify rows. Books that agree show the twin schedules as the server does, which token
-timing alone cannot (`calibrate --report` keeps them for the llama.cpp kind).
+"""A server's own step books beside its twin's over the same held-out runs. llama-server's /metrics
+counts its llama_decode calls, busy slots per call and drafts; `coopsched serve` books every tick's
+kind, rows and wall time and its worker's busy time. The twin counts the same of its own run. Books
+that agree show the twin schedules as the server does, which token timing alone cannot; where a
+tick's cost differs, the priced tick is what is off (`calibrate --report` keeps them for both kinds).
 """
 
 from __future__ import annotations
@@ -12,15 +13,25 @@ import numpy as np
 
 DECODES, BUSY = "llamacpp:n_decode_total", "llamacpp:n_busy_slots_per_decode"
 DRAFTS, DRAFT_TOKENS = "llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total"
-KEYS = ("steps", "busy_per_step", "drafts", "draft_tokens")
+
+TICKS, TICK_SECONDS = "coopsched_ticks_total", "coopsched_tick_seconds_total"
+ENGINE_BUSY = "coopsched_engine_busy_seconds_total"
+PRICED = ("admit", "slice0", "decode", "round")  # the tick kinds a twin prices (their mean ms each)
+FREE = ("idle", "park")  # no model work: not a step in either book
 
 
 def server_books(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> dict | None:
-    """llama-server's books over one run, from the /metrics scrapes either side of it; None when a
-    scrape lacks them (no --metrics). Its busy slots per decode is a running mean over every decode
-    since it started: the run's own mean is undone from the two."""
-    names = (DECODES, BUSY, DRAFTS, DRAFT_TOKENS)
-    if not before or not after or any(n not in before or n not in after for n in names):
+    """The server's books over one run, from the /metrics scrapes either side of it: llama-server's
+    or coopsched's, whichever it keeps; None when a scrape lacks them (llama-server without --metrics)."""
+    if not before or not after:
+        return None
+    return _llama_books(before, after) or coopsched_books(before, after)
+
+
+def _llama_books(before: Mapping[str, float], after: Mapping[str, float]) -> dict | None:
+    """Its busy slots per decode is a running mean over every decode since it started: the run's own
+    mean is undone from the two."""
+    if any(n not in before or n not in after for n in (DECODES, BUSY, DRAFTS, DRAFT_TOKENS)):
         return None
     steps = after[DECODES] - before[DECODES]
     busy = after[BUSY] * after[DECODES] - before[BUSY] * before[DECODES]
@@ -28,10 +39,66 @@ def server_books(before: Mapping[str, float] | None, after: Mapping[str, float] 
             "drafts": after[DRAFTS] - before[DRAFTS], "draft_tokens": after[DRAFT_TOKENS] - before[DRAFT_TOKENS]}
 
 
-def twin_books(run) -> dict:
-    """The same books of one twin run (runner.execute's result): its working steps, rows per step,
-    verify rows (one draft each, as llama-server counts a slot's draft) and drafted tokens."""
-    worked = [t for t in run.ticks if t.action.value != "idle"]
+def tick_counts(samples: Mapping[str, float]) -> dict[tuple[str, int], list[float]]:
+    """{(kind, rows): [ticks, seconds]} of a coopsched scrape."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for name, value in samples.items():
+        bare, _, labels = name.partition("{")
+        if bare in (TICKS, TICK_SECONDS):
+            pairs = dict(item.split("=", 1) for item in labels.rstrip("}").split(",") if "=" in item)
+            key = (pairs.get("kind", "").strip('"'), int(pairs.get("rows", '"0"').strip('"')))
+            out.setdefault(key, [0.0, 0.0])[bare == TICK_SECONDS] += value
+    return out
+
+
+def tick_delta(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[dict, float] | None:
+    """({(kind, rows): [ticks, ms]} booked between two coopsched scrapes, the worker's busy ms between
+    them); None when they lack the books."""
+    if ENGINE_BUSY not in before or ENGINE_BUSY not in after:
+        return None
+    old, new = tick_counts(before), tick_counts(after)
+    delta = {key: [n - old.get(key, [0.0, 0.0])[0], (s - old.get(key, [0.0, 0.0])[1]) * 1e3]
+             for key, (n, s) in new.items() if key[0] not in FREE}
+    return {key: v for key, v in delta.items() if v[0] > 0}, (after[ENGINE_BUSY] - before[ENGINE_BUSY]) * 1e3
+
+
+def overhead_ms(ticks: Mapping[tuple[str, int], list[float]], busy_ms: float) -> float:
+    """The worker's time per tick outside the model calls (planning, commit, deliveries): what a tick
+    costs beyond its own span, which a twin's price (timed from one tick to the next) carries."""
+    count = sum(n for n, _ in ticks.values())
+    return max(busy_ms - sum(ms for _, ms in ticks.values()), 0.0) / count if count else 0.0
+
+
+def coopsched_books(before: Mapping[str, float], after: Mapping[str, float]) -> dict | None:
+    delta = tick_delta(before, after)
+    if delta is None:
+        return None
+    ticks, busy = delta
+    extra = overhead_ms(ticks, busy)
+    return _tick_books({key: [n, ms + extra * n] for key, (n, ms) in ticks.items()}, busy)
+
+
+def _tick_books(ticks: Mapping[tuple[str, int], list[float]], busy_ms: float) -> dict:
+    count = sum(n for n, _ in ticks.values())
+    out: dict = {"ticks": count, "rows_per_tick": sum(n * rows for (_, rows), (n, _) in ticks.items()) / count
+                 if count else None}
+    for kind in PRICED:
+        n = sum(v[0] for (k, _), v in ticks.items() if k == kind)
+        out[f"{kind}_ms"] = sum(v[1] for (k, _), v in ticks.items() if k == kind) / n if n else None
+    return {**out, "busy_ms": busy_ms}
+
+
+def twin_books(run, kind: str = "llama.cpp") -> dict:
+    """The same books of one twin run (runner.execute's result). For llama.cpp: its working steps,
+    rows per step, verify rows (one draft each, as llama-server counts a slot's draft) and drafted
+    tokens; for coopsched: its ticks by kind, rows and priced ms, and their sum."""
+    worked = [t for t in run.ticks if t.kind.value not in FREE]
+    if kind == "coopsched":
+        ticks: dict[tuple[str, int], list[float]] = {}
+        for t in worked:
+            cell = ticks.setdefault((t.kind.value, len(t.request_ids)), [0.0, 0.0])
+            cell[0], cell[1] = cell[0] + 1, cell[1] + t.end_ms - t.start_ms
+        return _tick_books(ticks, sum(ms for _, ms in ticks.values()))
     obs = run.scheduler.obs
     return {"steps": len(worked), "busy_per_step": sum(len(t.request_ids) for t in worked) / len(worked)
             if worked else None, "drafts": obs.rounds, "draft_tokens": obs.drafted_tokens}
@@ -42,19 +109,19 @@ def mean_books(runs: Sequence[dict | None]) -> dict | None:
     if not runs or any(r is None for r in runs):
         return None
     return {k: (None if any(r[k] is None for r in runs) else round(float(np.mean([r[k] for r in runs])), 4))
-            for k in KEYS}
+            for k in runs[0]}
 
 
 def books_line(name: str, books: Mapping[str, dict]) -> str:
     """One workload's books for the report's print-out: live, then each twin with its error."""
     live = books["live"]
     parts = []
-    for key in KEYS:
+    for key in live:
         cells = [f"{key} live {_num(live[key])}"]
         for side, got in books.items():
             if side != "live":
-                error = f" ({got[key] / live[key] - 1:+.0%})" if got[key] is not None and live[key] else ""
-                cells.append(f"{side} {_num(got[key])}{error}")
+                error = f" ({got[key] / live[key] - 1:+.0%})" if got.get(key) is not None and live[key] else ""
+                cells.append(f"{side} {_num(got.get(key))}{error}")
         parts.append(", ".join(cells))
     return f"{name} books per run (the server's /metrics vs the twins' counts): " + "; ".join(parts)
 

@@ -20,6 +20,7 @@ from harness.calibrate import heldout, search
 from harness.run.slo import parse_slo
 
 MLX_REPEATS, TARGET_REPEATS, REPORT_RUNS = 5, 3, 5
+BOOK_KINDS = ("llama.cpp", "coopsched")  # servers whose /metrics keep step books (harness/calibrate/books.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -280,9 +281,10 @@ def _target(args: argparse.Namespace, console) -> int:
         report = twin.build_report({config.mode: measured}, predict, runs, meta)
         served = "" if speculates else ", every request classic: the server never speculated"
         _print_report(report, f"the twin vs {server.url} (mode {config.mode}, {runs} runs{served})")
+        # beside: today's cost-only twin, or coopsched's own scheduler at the timing fit's prices
         before = (Profile(CostModel(**{**the_twin.cost.to_json(), **replaced}))
-                  if kind not in ("coopsched", UNKNOWN) else None)  # today's cost-only twin, beside
-        report["heldout"] = _heldout(args, server, the_twin, before, config, console, kind == "llama.cpp")
+                  if kind != UNKNOWN and (kind != "coopsched" or replaced) else None)
+        report["heldout"] = _heldout(args, server, the_twin, before, config, console, kind)
         report["load_average"] = [*loads, os.getloadavg()[0]]
         _write(args.report, report)
         _print_heldout(report["heldout"], server.url, kind)
@@ -345,10 +347,10 @@ def report_meta(url: str, profile: Path, loads: list[float], speculates: bool, k
             "server": kind, "server_evidence": evidence}
 
 
-def _heldout(args: argparse.Namespace, server, the_twin, before, config, console, keeps_books: bool) -> dict:
+def _heldout(args: argparse.Namespace, server, the_twin, before, config, console, kind: str) -> dict:
     """The held-out workloads live (fresh prompts every run: a prefix cache must not answer them)
-    and on the twin (and `before`, the cost-only twin, beside it), behind a progress bar; with
-    `keeps_books` (llama-server) each run's step books from /metrics beside the twins' counts."""
+    and on the twin (and `before`, the cost-only twin, beside it), behind a progress bar; for a
+    server that keeps step books (llama-server, coopsched) each run's from /metrics beside the twins'."""
     import itertools
     import secrets
 
@@ -358,6 +360,7 @@ def _heldout(args: argparse.Namespace, server, the_twin, before, config, console
     # fresh prompts every run, and every calibration: a prefix cache warm from an earlier one answers none
     prompt_seeds = itertools.count(heldout.SEED * 1000 + secrets.randbelow(10**9))
     kept: dict[str, dict | None] = {}  # each side's books of the run it made last
+    keeps_books = kind in BOOK_KINDS
     scrape = lambda: client.settled(lambda: client.try_scrape(server.url)) if keeps_books else None
 
     def live(scen, _run):
@@ -367,7 +370,7 @@ def _heldout(args: argparse.Namespace, server, the_twin, before, config, console
         return twin.timed_of(scen.specs(heldout.SEED), rows)
 
     def on(side, profile):
-        keep = lambda run: kept.__setitem__(side, books.twin_books(run))
+        keep = lambda run: kept.__setitem__(side, books.twin_books(run, kind))
         return lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED, on_run=keep)
 
     with _progress(console) as progress:

@@ -48,6 +48,9 @@ def test_a_mock_server_is_recovered(tmp_path):
     assert profile["calibrated"]["mode"] == "slice" and profile["switch_ms"] < 2.0, output
     assert set(profile["jitter_quantiles"]) >= {"decode", "verify", "prefill"}
     assert "residual" in output and profile["server"] == "coopsched" and profile["server_params"] == {}
+    # acceptance and the round are the server's own books (its round counts and tick wall times)
+    assert set(profile["calibrated"]["replaced"]) == {"accept_prob", "round_ms", "verify_ms"}, output
+    assert "coopsched: accept_prob" in output and "round ticks of" in output, output
 
 
 @pytest.mark.twins  # ~2 min of wall time: tox -e twins

@@ -16,6 +16,7 @@ from coopsched.clock import ManualClock
 from coopsched.core import Request, SamplingParams, Scheduler
 from coopsched.engine import Engine
 from coopsched.env import Gates
+from harness.calibrate import books
 from mocks import CostModel, MockBackend, MockDrafter
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parallel]  # no wall-clock verdict: may run beside another test
@@ -77,3 +78,12 @@ def test_metrics_agree_with_the_virtual_time_trace():
     ttft = "coopsched_time_to_first_token_seconds_count"
     assert after[ttft] - before[ttft] == len(REQUESTS)
     assert after["coopsched_kv_slots_in_use"] == 0 and after["coopsched_requests_running"] == 0
+
+    # the step books: one round tick per round, each at least its 8 ms sleep, and the ticks' wall
+    # time inside the worker's busy time (real time: no upper bound)
+    ticks, busy_ms = books.tick_delta(before, after)
+    rounds = [v for (kind, _), v in ticks.items() if kind in ("round", "grant")]
+    assert sum(n for n, _ in rounds) == obs.rounds
+    assert sum(ms for _, ms in rounds) >= 8.0 * obs.rounds
+    assert {kind for kind, _ in ticks} >= {"slice0", "round", "admit", "decode"}
+    assert 0 < sum(ms for _, ms in ticks.values()) <= busy_ms

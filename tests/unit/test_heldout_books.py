@@ -38,3 +38,41 @@ def test_the_live_books_are_the_runs_mean_and_none_when_a_run_had_none():
             {"steps": 20, "busy_per_step": None, "drafts": 6, "draft_tokens": 18}]
     assert books.mean_books(runs) == {"steps": 15.0, "busy_per_step": None, "drafts": 5.0, "draft_tokens": 15.0}
     assert books.mean_books([runs[0], None]) is None
+
+
+def coopsched_scrape(ticks: dict, busy_s: float) -> dict:
+    """A coopsched /metrics scrape: {(kind, rows): (ticks, seconds)} and the worker's busy seconds."""
+    out = {books.ENGINE_BUSY: busy_s}
+    for (kind, rows), (n, s) in ticks.items():
+        labels = f'{{kind="{kind}",rows="{rows}"}}'
+        out[books.TICKS + labels], out[books.TICK_SECONDS + labels] = n, s
+    return out
+
+
+def test_coopsched_books_price_each_kind_with_its_share_of_the_workers_overhead():
+    before = coopsched_scrape({("round", 1): (10, 0.07), ("decode", 2): (5, 0.01)}, 0.1)
+    after = coopsched_scrape({("round", 1): (30, 0.23), ("decode", 2): (15, 0.03), ("decode", 4): (10, 0.03),
+                              ("park", 1): (3, 0.0)}, 0.4)
+    got = books.server_books(before, after)
+    # 40 working ticks (parks are free) of 210 ms in model calls, 300 ms busy: 2.25 ms a tick more
+    assert got["ticks"] == 40 and got["rows_per_tick"] == pytest.approx((20 + 20 + 40) / 40)
+    assert got["round_ms"] == pytest.approx(160 / 20 + 2.25)
+    assert got["decode_ms"] == pytest.approx(50 / 20 + 2.25)
+    assert got["admit_ms"] is None and got["busy_ms"] == pytest.approx(300.0)
+    assert books.server_books(before, {k: v for k, v in after.items() if k != books.ENGINE_BUSY}) is None
+
+
+def test_a_twins_coopsched_books_are_its_own_ticks():
+    from harness.calibrate import twin
+    from harness.run.runner import Profile
+    from mocks import CostModel
+
+    kept = {}
+    twin.simulate_timed(Profile(CostModel.simple(2.0, 8.0, 0.1)), twin.twin_config("slice"), heldout.workload(5.0, 8),
+                        heldout.SEED, on_run=lambda run: kept.setdefault("run", run))
+    run = kept["run"]
+    got = books.twin_books(run, "coopsched")
+    worked = [t for t in run.ticks if t.kind.value not in books.FREE]
+    assert got["ticks"] == len(worked) and got["busy_ms"] == pytest.approx(sum(t.end_ms - t.start_ms for t in worked))
+    assert (got["decode_ms"], got["round_ms"]) == (pytest.approx(2.0), pytest.approx(8.0))  # as priced
+    assert books.mean_books([got, got]) == {k: (None if v is None else round(v, 4)) for k, v in got.items()}

@@ -9,13 +9,14 @@ from collections.abc import Callable
 
 from harness.calibrate.target import Server
 
+from .coopsched import fit_coopsched
 from .kinds import Fitted, Say
 from .llamacpp import fit_llama_cpp
 from .mlxlm import fit_mlx_lm
 from .vllm import fit_vllm
 
 FITTERS: dict[str, Callable[[Server, dict, dict, Say], Fitted]] = {
-    "mlx-lm": fit_mlx_lm, "llama.cpp": fit_llama_cpp, "vllm": fit_vllm}
+    "coopsched": fit_coopsched, "mlx-lm": fit_mlx_lm, "llama.cpp": fit_llama_cpp, "vllm": fit_vllm}
 
 
 def fit_params(kind: str, server: Server, profile: dict, fitted: dict, say: Say | None = None) -> Fitted:
