@@ -32,15 +32,34 @@ def model_class(kind: str) -> type[StepModel]:
         raise ValueError(f"server kind {kind!r}: its scheduler model is not available ({exc})") from exc
 
 
+# coopsched serve's own twin: its scheduler's knobs are the [scheduler] table; only the HTTP layer is a param
+REFERENCE_PARAMS = (Param("frontend_ms", 0.0, "(coopsched serve's HTTP layer: no flag)",
+                          "from a client's send to the engine seeing the request, and from a tick's end to the "
+                          "client seeing its tokens: a TTFT's part outside the engine's ticks"),)
+
+
+def reference_params(kind: str, params: Mapping[str, object] | None) -> dict[str, float]:
+    """The reference twin's params (REFERENCE_PARAMS, each a number of ms >= 0); anything else is refused."""
+    known = {p.name: p.default for p in REFERENCE_PARAMS}
+    unknown = sorted(set(params or {}) - set(known))
+    if unknown:
+        raise ValueError(f"server_params {', '.join(map(repr, unknown))}: a {kind} twin runs coopsched's "
+                         f"scheduler, whose knobs are the scenario's [scheduler] table (accepted: {', '.join(known)})")
+    out = {**known, **(params or {})}
+    for name, value in out.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+            raise ValueError(f"server_params {name}={value!r}: a {kind} twin wants a number of ms >= 0")
+    return {name: float(value) for name, value in out.items()}  # type: ignore[arg-type]
+
+
 def make_scheduler(kind: str, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
                    keep_history: bool = True) -> Scheduler | StepModel:
     """The scheduler a twin of a `kind` server runs: the reference, or the kind's model."""
     if kind in ("coopsched", UNKNOWN):
-        if params:
-            raise ValueError(f"server_params {', '.join(map(repr, sorted(params)))}: a {kind} twin runs "
-                             "coopsched's scheduler, whose knobs are the scenario's [scheduler] table")
+        reference_params(kind, params)
         return Scheduler(config, keep_history=keep_history)
     return model_class(kind)(config, params, keep_history=keep_history)
 
 
-__all__ = ["KINDS", "UNKNOWN", "Param", "StepModel", "make_scheduler", "model_class"]
+__all__ = ["KINDS", "REFERENCE_PARAMS", "UNKNOWN", "Param", "StepModel", "make_scheduler", "model_class",
+           "reference_params"]

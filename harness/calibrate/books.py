@@ -104,6 +104,19 @@ def twin_books(run, kind: str = "llama.cpp") -> dict:
             if worked else None, "drafts": obs.rounds, "draft_tokens": obs.drafted_tokens}
 
 
+SINGLE_ROW = ("admit", "slice0", "round")  # ticks of one row: their price does not move with the batch
+
+
+def price_drift(live: Mapping[str, float | None], twin: Mapping[str, float | None]) -> float | None:
+    """How far the server's own one-row ticks (admit, slice 0, round) cost from the twin's prices of
+    them in the same runs: the geometric mean of live / twin - 1 over the kinds both books hold. The
+    calibration priced those ticks, so a drift beyond the tolerances says the server's speed moved
+    between calibration and check (a shared machine's does, by half on 2026-12-03) and that the
+    held-out rows measure the move as much as the twin; None when no kind is in both."""
+    ratios = [live[f"{k}_ms"] / twin[f"{k}_ms"] for k in SINGLE_ROW if live.get(f"{k}_ms") and twin.get(f"{k}_ms")]
+    return float(np.exp(np.mean(np.log(ratios)))) - 1 if ratios else None
+
+
 def mean_books(runs: Sequence[dict | None]) -> dict | None:
     """The live runs' books, averaged per key (None when a run had none)."""
     if not runs or any(r is None for r in runs):
@@ -123,7 +136,10 @@ def books_line(name: str, books: Mapping[str, dict]) -> str:
                 error = f" ({got[key] / live[key] - 1:+.0%})" if got.get(key) is not None and live[key] else ""
                 cells.append(f"{side} {_num(got.get(key))}{error}")
         parts.append(", ".join(cells))
-    return f"{name} books per run (the server's /metrics vs the twins' counts): " + "; ".join(parts)
+    drift = price_drift(live, books["twin"]) if "twin" in books else None
+    moved = (f"; the server's one-row ticks cost {drift:+.0%} against the twin's prices of them"
+             if drift is not None else "")
+    return f"{name} books per run (the server's /metrics vs the twins' counts): " + "; ".join(parts) + moved
 
 
 def _num(value: float | None) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from harness.calibrate import search
-from harness.calibrate.books import books_line, mean_books
+from harness.calibrate.books import books_line, mean_books, price_drift
 from harness.run import metrics
 from harness.run.scenario import Scenario
 from harness.run.slo import DEFAULT_ATTAINMENT, Slo, parse_slo
@@ -41,6 +41,7 @@ TTFT_RISE = 3.0        # ... and its TTFT p50 stays under this x the light's (a 
 RULE = (f"|error| <= max(tolerance, {SPREAD_FACTOR:g} x spread); spread = (max - min) / mean of the "
         f"{LIVE_RUNS} live runs; tolerances: " + ", ".join(f"{m} {t:.0%}" for m, t in TOLERANCE.items()))
 CAPACITY_SLO = "itl_ms=250,ttft_ms=2000"  # the capacity's SLO: every gap and the TTFT of a request
+DRIFT_NOTE = 0.15  # a failed check whose server's one-row ticks moved more than this from their prices says so
 
 Run = Callable[[Scenario, int], list[Timed]]  # (scenario at a rate, run index) -> the requests as served
 Predict = Callable[[Scenario], list[Timed]]   # a twin: scenario -> the requests as it serves them
@@ -255,6 +256,7 @@ def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM
                                   **compare(predicted["twin"], live_figures, predicted.get("before"))}
         if mean_books(live_books) is not None and all(kept.values()):
             out["workloads"][name]["books"] = {"live": mean_books(live_books), **kept}
+            out["workloads"][name]["price_drift"] = price_drift(mean_books(live_books), kept["twin"])
     out["pass"] = all(w["pass"] for w in out["workloads"].values())
     return out
 
@@ -289,6 +291,12 @@ def print_check(console, report: dict, title: str) -> None:
                   f"{'[green]PASS[/]' if report['pass'] else '[red]FAIL[/]'}; {wide} of {len(rows)} rows allowed "
                   "more than their tolerance by the live runs' own spread (a loaded machine widens it)",
                   highlight=False, soft_wrap=True)
+    drifts = {name: w["price_drift"] for name, w in report["workloads"].items() if w.get("price_drift") is not None}
+    if not report["pass"] and any(abs(d) > DRIFT_NOTE for d in drifts.values()):
+        console.print("the server's own one-row ticks cost " + ", ".join(f"{d:+.0%} ({name})" for name, d in
+                      drifts.items()) + " against the twin's prices of them: its speed moved since it was "
+                      "calibrated, and the failed rows measure that move as well as the twin (the books below)",
+                      highlight=False, soft_wrap=True)
     console.print(capacity_line(report["capacity"]), highlight=False, soft_wrap=True)
     for name, w in report["workloads"].items():
         if "books" in w:

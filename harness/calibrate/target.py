@@ -176,6 +176,7 @@ class Samples:
     spec_single: int = 0             # speculative streams whose every group carried one token
     drafts: list[tuple[int, int]] | None = None   # (draft tokens, accepted) the server counted per round pass
     drafted_spans: list[tuple[float, float]] = field(default_factory=list)  # (ms after token 1, rounds drafted)
+    books: tuple[dict, dict] | None = None  # the server's /metrics either side of every pass (its step books)
 
 
 def arrived_in_rounds(groups: Sequence[fit.Group]) -> bool:
@@ -264,11 +265,15 @@ class TargetCalibration:
     def run(self, repeats: int, advance: Callable[[str], None] | None = None) -> None:
         """Every phase `repeats` times, round-robin, so load elsewhere spreads over all of them."""
         self.warm_up()
+        scrape = lambda: client.settled(lambda: client.try_scrape(self.server.url))
+        before = scrape()
         for rep in range(repeats):
             for name, method in self.PHASES:
                 getattr(self, method)(rep)
                 if advance:
                     advance(f"{name} {rep + 1}/{repeats}")
+        after = scrape() if before else None
+        self.samples.books = (before, after) if before and after else None
 
     # -- the profile -------------------------------------------------------------------------
     def no_rounds(self) -> str | None:
@@ -312,6 +317,7 @@ class TargetCalibration:
             "decode": fit.jitter_quantiles(decode_ratios),
         }
         fitted = {"prefill": _line(prefill), "decode": {b: fit.summary(s.decode[b]) for b in batches},
+                  "server_books": _books_of(s.books),
                   "classic_streams_in_rounds": s.classic_grouped,
                   "speculative_served_classically": s.spec_served_classic,
                   "server_drafts": _server_drafts(s.drafts)}
@@ -397,6 +403,19 @@ def _server_drafts(drafts: list[tuple[int, int]] | None) -> dict | None:
     drafted, accepted = sum(d for d, _ in drafts), sum(a for _, a in drafts)
     return {"draft_tokens": drafted, "accepted_tokens": accepted, "requests": len(drafts),
             "acceptance": round(accepted / drafted, 4) if drafted else None}
+
+
+def _books_of(scrapes: tuple[dict, dict] | None) -> dict | None:
+    """The step books the server kept over the calibration's passes ({"kind/rows": [ticks, ms]} and
+    the worker's busy ms), or None from a server that keeps none (harness/calibrate/books.py)."""
+    from harness.calibrate.books import tick_delta
+
+    delta = tick_delta(*scrapes) if scrapes else None
+    if delta is None:
+        return None
+    ticks, busy = delta
+    return {"ticks": {f"{kind}/{rows}": [n, round(ms, 3)] for (kind, rows), (n, ms) in sorted(ticks.items())},
+            "busy_ms": round(busy, 3)}
 
 
 def _line(line: fit.LinearFit) -> dict:

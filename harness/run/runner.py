@@ -17,7 +17,7 @@ from coopsched.clock import ManualClock
 from coopsched.core import ModelBackend, Request, Scheduler, SchedulerConfig, TickRecord
 from coopsched.engine import Engine
 from coopsched.env import Gates
-from coopsched.twins import KINDS, UNKNOWN, StepModel, make_scheduler, model_class
+from coopsched.twins import KINDS, UNKNOWN, StepModel, make_scheduler, model_class, reference_params
 from harness.run import metrics
 from harness.run.scenario import Scenario
 from harness.run.shared_core import SharedCoreClock, wake_charge
@@ -63,8 +63,11 @@ class Profile:
         if server not in (*KINDS, UNKNOWN) or not isinstance(params, dict):
             raise ValueError(f"cost profile {path}: server={server!r} server_params={params!r}; want server one "
                              f"of {', '.join((*KINDS, UNKNOWN))} and server_params an object")
-        if server not in ("coopsched", UNKNOWN):
-            model_class(server).resolve(params)  # an unknown parameter is refused here, naming the file
+        try:  # an unknown parameter is refused here, naming the file
+            model_class(server).resolve(params) if server not in ("coopsched", UNKNOWN) else \
+                reference_params(server, params)
+        except ValueError as exc:
+            raise ValueError(f"cost profile {path}: {exc}") from None
         return cls(cost, server, params)
 
     @property
@@ -129,7 +132,8 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     scheduler = make_scheduler(server_kind(scenario), config, params)
     requests = scenario.build_requests(seed, speculative)
     arrivals = scenario.arrivals(requests)
-    twin = scheduler if isinstance(scheduler, StepModel) and isinstance(arrivals, list) else None  # open loop
+    open_loop = isinstance(arrivals, list)
+    twin = scheduler if isinstance(scheduler, StepModel) and open_loop else None
     stall = twin.frontend_stall_ms if twin else 0.0  # the frontend's work on the engine's core, from each send
     charged = SharedCoreClock(clock, [r.arrival_ms for r in requests], stall) if stall else clock
     backend = reports_live_caches(backend_factory(charged, scenario, seed))
@@ -138,7 +142,7 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     def record(event) -> None:
         token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
 
-    frontend = twin.frontend_ms if twin else 0.0
+    frontend = frontend_ms(scheduler, server_kind(scenario), params) if open_loop else 0.0
     for request in requests if frontend else ():  # open loop: each reaches the scheduler that much later ...
         request.arrival_ms += frontend
     try:
@@ -150,6 +154,14 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
             request.arrival_ms -= frontend
     return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
                token_times, result.ticks, scheduler, backend)
+
+
+def frontend_ms(scheduler: Scheduler | StepModel, kind: str, params: Mapping[str, object]) -> float:
+    """From a client's send to the twin's scheduler seeing the request (a kind's model, or the
+    reference's `frontend_ms` param): the runner shifts open-loop arrivals by it."""
+    if isinstance(scheduler, StepModel):
+        return scheduler.frontend_ms
+    return reference_params(kind, params)["frontend_ms"]
 
 
 def reports_live_caches(backend: ModelBackend) -> ModelBackend:

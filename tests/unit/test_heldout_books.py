@@ -76,3 +76,11 @@ def test_a_twins_coopsched_books_are_its_own_ticks():
     assert got["ticks"] == len(worked) and got["busy_ms"] == pytest.approx(sum(t.end_ms - t.start_ms for t in worked))
     assert (got["decode_ms"], got["round_ms"]) == (pytest.approx(2.0), pytest.approx(8.0))  # as priced
     assert books.mean_books([got, got]) == {k: (None if v is None else round(v, 4)) for k, v in got.items()}
+
+
+def test_the_price_drift_is_the_one_row_ticks_against_their_prices():
+    twin = {"admit_ms": 20.0, "slice0_ms": 40.0, "round_ms": 8.0, "decode_ms": 2.0}
+    slower = {**{k: v * 1.5 for k, v in twin.items()}, "decode_ms": 9.0}  # a batch's decode is not one row's
+    assert books.price_drift(slower, twin) == pytest.approx(0.5)
+    assert books.price_drift({**twin, "round_ms": None}, twin) == pytest.approx(0.0)
+    assert books.price_drift({"steps": 3}, twin) is None  # llama-server's books price no ticks

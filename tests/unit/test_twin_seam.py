@@ -128,6 +128,23 @@ def test_parameters_and_kinds_are_checked_by_name():
     with pytest.raises(ValueError, match=r"a coopsched twin runs coopsched's scheduler"):
         make_scheduler("coopsched", SchedulerConfig(), {"max_num_seqs": 8})
     assert isinstance(make_scheduler("unknown", SchedulerConfig()), Scheduler)
+    assert isinstance(make_scheduler("coopsched", SchedulerConfig(), {"frontend_ms": 3.0}), Scheduler)
+    with pytest.raises(ValueError, match=r"frontend_ms=-1: a coopsched twin wants a number of ms >= 0"):
+        make_scheduler("coopsched", SchedulerConfig(), {"frontend_ms": -1})
+
+
+def test_the_references_frontend_delays_each_first_token_and_nothing_else():
+    """coopsched serve's HTTP layer, outside the engine: the scheduler sees every open-loop arrival
+    frontend_ms later, and each TTFT counts from the client's send."""
+    from harness.calibrate import heldout, twin
+    from mocks import CostModel
+
+    cost, config, scen = CostModel.simple(2.0, 8.0, 0.1), twin.twin_config("slice"), heldout.workload(20.0, 12)
+    runs = [twin.simulate_timed(runner.Profile(cost, "coopsched", params), config, scen, heldout.SEED)
+            for params in ({}, {"frontend_ms": 3.0})]
+    for plain, shifted in zip(*runs):
+        assert shifted.arrival_ms == plain.arrival_ms
+        assert shifted.token_times_ms == pytest.approx([t + 3.0 for t in plain.token_times_ms])
 
 
 def test_a_profile_picks_the_model_and_the_run_skips_coopscheds_bounds(tmp_path, monkeypatch):

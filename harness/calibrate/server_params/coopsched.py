@@ -1,24 +1,31 @@
 """`coopsched serve`: what its own books say. Each response counts its request's rounds
 (`timings.draft_rounds`), and /metrics books every tick's kind, rows and wall time and the worker's
-busy time (harness/calibrate/books.py). Over lone speculative requests at prompts of the held-out
-lengths, they give the drafter's acceptance from many prompts (three, timed, read 0.52 and 0.75 on
-one MLX server minutes apart; 12 counted, three times over, agreed within 0.05 tokens a round) and a
-round's price, free of how the stream delivered its tokens.
+busy time (harness/calibrate/books.py). From them, free of how the stream delivered its tokens:
+the prefill line from admit ticks, the HTTP layer's part of a TTFT (`frontend_ms`), the drafter's
+acceptance over many prompts (three, timed, read 0.52 and 0.75 on one MLX server minutes apart; 12
+counted, three times over, agreed within 0.05 tokens a round) and a round's price.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import threading
 import time
 
+import numpy as np
+
 from harness.calibrate import books, fit
-from harness.calibrate.target import Server, text_prompt
+from harness.calibrate.target import Server, arrivals_ms, text_prompt
 from harness.live import client
 
 from .kinds import Fitted, Say
 
 ACCEPT_PROBES, ACCEPT_CHARS, ACCEPT_TOKENS = 24, (24, 192), 64
 ACCEPT_BUDGET_S, ACCEPT_MIN = 3.0, 6  # probes stop after this long, once this many have run (a slow server)
-STRIDE = 7  # the i-th probe's length: step i x STRIDE (mod ACCEPT_PROBES) of the range, so a budget cut keeps the spread
+PREFILL_CHARS, PREFILL_REPEATS = (24, 64, 128, 192, 320), 2  # lone one-token prompts around a workload's
+BESIDE_TOKENS, BESIDE_START_S = 128, 0.1  # the decoding stream beside them, and its head start
+STRIDE = 7  # the i-th probe's length: step i x STRIDE (mod ACCEPT_PROBES) of the range: a budget cut keeps the spread
 
 
 def _rounds(got: client.Collected) -> tuple[int, int] | None:
@@ -30,12 +37,15 @@ def _rounds(got: client.Collected) -> tuple[int, int] | None:
     return int(timings["predicted_n"]) - 1, int(timings["draft_rounds"])
 
 
-def round_books(server: Server, k: int, probes: int = ACCEPT_PROBES) -> tuple[dict, list[str]]:
+def round_books(server: Server, k: int, calibration: dict | None = None,
+                probes: int = ACCEPT_PROBES) -> tuple[dict, list[str]]:
     """accept_prob and the round's price over up to `probes` lone speculative requests (prompts of
     ACCEPT_CHARS characters spread evenly, ACCEPT_TOKENS each; ACCEPT_BUDGET_S of them at most, once
     ACCEPT_MIN ran): tokens a round from the responses' round counts; the price from the round
-    ticks' own wall time plus each tick's share of the worker's time outside model calls. The cost
-    terms it sets, and what it measured."""
+    ticks' own wall time plus each tick's share of the worker's time outside model calls, pooled
+    with the `calibration`'s books (its passes spread over a minute, where these take seconds: one
+    slow stretch of the machine priced a round 27% over the held-out runs'). The cost terms it sets,
+    and what it measured."""
     scrape = lambda: client.settled(lambda: client.try_scrape(server.url))
     before = scrape()
     low, high = ACCEPT_CHARS
@@ -62,30 +72,126 @@ def round_books(server: Server, k: int, probes: int = ACCEPT_PROBES) -> tuple[di
     else:
         said.append("accept_prob: the responses counted no rounds (no timings.draft_rounds); the timing fit's is kept")
     delta = books.tick_delta(before, after) if before and after else None
+    if delta is not None and calibration:  # the calibration's passes too: its rounds spread over its minute
+        ticks, busy = delta
+        for name, (n, ms) in calibration["ticks"].items():
+            kind, rows = name.rsplit("/", 1)
+            cell = ticks.setdefault((kind, int(rows)), [0.0, 0.0])
+            cell[0], cell[1] = cell[0] + n, cell[1] + ms
+        delta = ticks, busy + calibration["busy_ms"]
     rounds_booked = [v for (kind, rows), v in (delta[0] if delta else {}).items() if kind == "round" and rows == 1]
     if rounds_booked:
         n, ms = rounds_booked[0]
         extra = books.overhead_ms(*delta)
         price = ms / n + extra
         costs["round_ms"] = [[k, round(price, 4)]]
-        said.append(f"round_ms {price:.3f}: {n:g} round ticks of {ms / n:.3f} ms (the server's books) and "
-                    f"{extra:.3f} ms a tick of the worker's time outside model calls")
+        said.append(f"round_ms {price:.3f}: {n:g} round ticks of {ms / n:.3f} ms (the server's books over the "
+                    f"calibration's passes and these) and {extra:.3f} ms a tick of the worker's time outside "
+                    "model calls")
     else:
         said.append("round_ms: the server books no ticks (no coopsched_tick_seconds_total); the timing fit's is kept")
     return costs, said
 
 
+@contextlib.contextmanager
+def _decoding(server: Server, key: str):
+    """Classic streams of BESIDE_TOKENS decoding one after another while the block runs (the last one
+    finishes after it): prompts sent to an idle engine priced their admit ticks 28-45% over the same
+    prompts arriving beside a decode row in one of two passes, 2-18% in the other."""
+    done = threading.Event()
+
+    def stream() -> None:
+        for i in itertools.count():
+            if done.is_set():
+                return
+            server.collect(server.body(text_prompt(16, f"{key}:beside:{i}"), BESIDE_TOKENS, False))
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    time.sleep(BESIDE_START_S)
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _first_tick(server: Server, chars: int, speculative: bool, key: str) -> tuple[int, float, float] | None:
+    """A lone one-token request: (its prompt's tokens, the wall time of the one tick that served it,
+    its TTFT at the client), or None when the books do not show exactly one such tick. Its tick is
+    booked before its token is sent, so the scrape after the response holds it."""
+    kind = "slice0" if speculative else "admit"
+    before = client.try_scrape(server.url)
+    got = server.collect(server.body(text_prompt(chars, key), 1, speculative))
+    after = client.try_scrape(server.url)
+    delta = books.tick_delta(before, after) if before and after else None
+    cells = [v for (k, _), v in (delta[0] if delta else {}).items() if k == kind]
+    times, _ = arrivals_ms(got)
+    if len(cells) != 1 or cells[0][0] != 1 or not times:
+        return None
+    return int((got.usage or {}).get("prompt_tokens") or chars), cells[0][1], times[0]
+
+
+def prefill_books(server: Server, speculates: bool) -> tuple[dict, dict, list[str]]:
+    """The prefill line from the admit ticks of one-token requests at PREFILL_CHARS sent beside a
+    decoding stream (and slice 0's draft share from their speculative twins), each tick with its
+    share of the worker's time outside model calls; and `frontend_ms`, what the TTFTs of the same
+    prompts sent to an idle engine took beyond their ticks (the HTTP layer, which the timing fit's
+    line charged to the engine). (costs, params, what it measured)"""
+    scrape = lambda: client.settled(lambda: client.try_scrape(server.url))
+    key = time.monotonic_ns()
+    ticks: dict[bool, list[tuple[int, float, float]]] = {False: [], True: []}
+    lone = [got for chars in PREFILL_CHARS if (got := _first_tick(server, chars, False, f"lone:{key}:{chars}"))]
+    with _decoding(server, f"prefill-books:{key}"):  # a busy engine, as a workload's prompts find it
+        before = scrape()
+        for rep, chars in itertools.product(range(PREFILL_REPEATS), PREFILL_CHARS):
+            for speculative in (False, True) if speculates else (False,):
+                got = _first_tick(server, chars, speculative, f"prefill-books:{key}:{rep}:{chars}:{speculative}")
+                if got is not None:
+                    ticks[speculative].append(got)
+        after = scrape()
+    delta = books.tick_delta(before, after) if before and after else None
+    if delta is None or len(ticks[False]) < 2:
+        return {}, {}, ["prefill: the server books no admit ticks (coopsched_tick_seconds_total); the timing fit's "
+                        "is kept"]
+    extra = books.overhead_ms(*delta)
+    line = fit.LinearFit.of([n for n, _, _ in ticks[False]], [ms + extra for _, ms, _ in ticks[False]], relative=True)
+    frontend = max(float(np.median([ttft - ms - extra for _, ms, ttft in lone])), 0.0) if lone else 0.0
+    costs: dict = {"prefill_fixed_ms": round(max(line.fixed, 0.0), 4),
+                   "prefill_per_token_ms": round(max(line.slope, 0.0), 5)}
+    said = [f"prefill {costs['prefill_fixed_ms']:.3f} + {costs['prefill_per_token_ms']:.4f} ms a token: "
+            f"{len(ticks[False])} admit ticks of requests beside a decoding stream "
+            f"({PREFILL_CHARS[0]}-{PREFILL_CHARS[-1]} characters), {extra:.3f} ms a tick of the worker's time "
+            "outside model calls included",
+            f"frontend_ms {frontend:.3f}: the TTFTs of {len(lone)} lone requests (an idle engine: nothing to wait "
+            "behind) beyond their ticks (median), the HTTP layer's part"]
+    if ticks[True]:  # slice 0 prefills both models: the drafter's share, through the origin in relative error
+        points = [(n, ms + extra - line(n), 1.0 / max(ms + extra, 1e-3) ** 2) for n, ms, _ in ticks[True]]
+        draft = sum(w * n * d for n, d, w in points) / sum(w * n * n for n, _, w in points)
+        costs["draft_prefill_per_token_ms"] = round(max(draft, 0.0), 5)
+        said.append(f"draft_prefill_per_token_ms {costs['draft_prefill_per_token_ms']:.4f}: {len(points)} slice 0 "
+                    "ticks beyond the prefill line")
+    return costs, {"frontend_ms": round(frontend, 3)}, said
+
+
 def fit_coopsched(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
-    """coopsched's scheduler needs no params (its knobs come from /health); a speculating server's
-    acceptance and round are re-read from its books (`fit_params`' form: params, evidence, costs)."""
-    if not fitted.get("speculates"):
-        return {}, {"says": []}, {}
+    """coopsched's scheduler needs no params but its HTTP layer's `frontend_ms` (its knobs come from
+    /health); the prefill and a speculating server's acceptance and round are re-read from its
+    books (`fit_params`' form: params, evidence, costs)."""
+    speculates = bool(fitted.get("speculates"))
+    costs, params, said = prefill_books(server, speculates)
+    if not speculates:
+        for line in said:
+            say(f"coopsched: {line}")
+        return params, {"says": said}, costs
     k = int(profile.get("verify_ms", [[1, 0.0]])[-1][0])
-    costs, said = round_books(server, k)
+    more, lines = round_books(server, k, fitted.get("server_books"))
+    costs.update(more)
+    said += lines
     if "round_ms" in costs:  # the verify of K positions is what a round costs beyond its K - 1 drafts
         draft = float(profile.get("draft_per_token_ms") or 0.0)
         costs["verify_ms"] = [[1, profile["verify_ms"][0][1]], [k, round(max(costs["round_ms"][0][1] - draft * (k - 1),
                                                                                0.0), 4)]]
     for line in said:
         say(f"coopsched: {line}")
-    return {}, {"says": said}, costs
+    return params, {"says": said}, costs
