@@ -25,6 +25,7 @@ ACCEPT_PROBES, ACCEPT_CHARS, ACCEPT_TOKENS = 24, (24, 192), 64
 ACCEPT_BUDGET_S, ACCEPT_MIN = 3.0, 6  # probes stop after this long, once this many have run (a slow server)
 PREFILL_CHARS, PREFILL_REPEATS = (24, 64, 128, 192, 320), 2  # lone one-token prompts around a workload's
 BESIDE_TOKENS, BESIDE_START_S = 128, 0.1  # the decoding stream beside them, and its head start
+MIN_DECODE_TICKS = 20  # a batch size's decode ticks the calibration booked, at least, to price it from them
 STRIDE = 7  # the i-th probe's length: step i x STRIDE (mod ACCEPT_PROBES) of the range: a budget cut keeps the spread
 
 
@@ -74,9 +75,8 @@ def round_books(server: Server, k: int, calibration: dict | None = None,
     delta = books.tick_delta(before, after) if before and after else None
     if delta is not None and calibration:  # the calibration's passes too: its rounds spread over its minute
         ticks, busy = delta
-        for name, (n, ms) in calibration["ticks"].items():
-            kind, rows = name.rsplit("/", 1)
-            cell = ticks.setdefault((kind, int(rows)), [0.0, 0.0])
+        for key, (n, ms) in _ticks_of(calibration).items():
+            cell = ticks.setdefault(key, [0.0, 0.0])
             cell[0], cell[1] = cell[0] + n, cell[1] + ms
         delta = ticks, busy + calibration["busy_ms"]
     rounds_booked = [v for (kind, rows), v in (delta[0] if delta else {}).items() if kind == "round" and rows == 1]
@@ -174,12 +174,46 @@ def prefill_books(server: Server, speculates: bool) -> tuple[dict, dict, list[st
     return costs, {"frontend_ms": round(frontend, 3)}, said
 
 
+def _ticks_of(calibration: dict) -> dict[tuple[str, int], list[float]]:
+    """{(kind, rows): [ticks, ms]} of the calibration's books (`fit.server_books`, keyed "kind/rows")."""
+    out = {}
+    for name, (n, ms) in calibration["ticks"].items():
+        kind, rows = name.rsplit("/", 1)
+        out[(kind, int(rows))] = [float(n), float(ms)]
+    return out
+
+
+def decode_books(calibration: dict | None) -> tuple[list[list[float]] | None, str]:
+    """decode_ms per batch size from the decode ticks the calibration's passes booked (streams of a
+    batch finish one by one, so every size up to it gets ticks), each with its share of the worker's
+    time outside model calls; sizes with fewer than MIN_DECODE_TICKS are left out, the rest made
+    non-decreasing (fit.monotone, weighted by ticks). None and why when there are no books."""
+    if not calibration:
+        return None, "decode_ms: the server books no ticks; the timing fit's is kept"
+    ticks = _ticks_of(calibration)
+    extra = books.overhead_ms(ticks, calibration["busy_ms"])
+    sizes = sorted((rows, n, ms) for (kind, rows), (n, ms) in ticks.items()
+                   if kind == "decode" and n >= MIN_DECODE_TICKS)
+    if not sizes:
+        return None, (f"decode_ms: fewer than {MIN_DECODE_TICKS} decode ticks at every batch size; the timing "
+                      "fit's is kept")
+    prices = fit.monotone([ms / n + extra for _, n, ms in sizes], [n for _, n, _ in sizes])
+    points = [[rows, round(price, 4)] for (rows, _, _), price in zip(sizes, prices)]
+    return points, ("decode_ms " + ", ".join(f"B={b} {ms:.3f}" for b, ms in points) + ": the calibration's decode "
+                    f"ticks ({sum(n for _, n, _ in sizes):g}, the server's books) and {extra:.3f} ms a tick of "
+                    "the worker's time outside model calls")
+
+
 def fit_coopsched(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     """coopsched's scheduler needs no params but its HTTP layer's `frontend_ms` (its knobs come from
-    /health); the prefill and a speculating server's acceptance and round are re-read from its
-    books (`fit_params`' form: params, evidence, costs)."""
+    /health); the prefill, the decode steps and a speculating server's acceptance and round are
+    re-read from its books (`fit_params`' form: params, evidence, costs)."""
     speculates = bool(fitted.get("speculates"))
     costs, params, said = prefill_books(server, speculates)
+    decode, line = decode_books(fitted.get("server_books"))
+    said.append(line)
+    if decode:
+        costs["decode_ms"] = decode
     if not speculates:
         for line in said:
             say(f"coopsched: {line}")
@@ -190,8 +224,8 @@ def fit_coopsched(server: Server, profile: dict, fitted: dict, say: Say) -> Fitt
     said += lines
     if "round_ms" in costs:  # the verify of K positions is what a round costs beyond its K - 1 drafts
         draft = float(profile.get("draft_per_token_ms") or 0.0)
-        costs["verify_ms"] = [[1, profile["verify_ms"][0][1]], [k, round(max(costs["round_ms"][0][1] - draft * (k - 1),
-                                                                               0.0), 4)]]
+        one = (decode or profile["decode_ms"])[0][1]  # a verify of one position is a decode step
+        costs["verify_ms"] = [[1, one], [k, round(max(costs["round_ms"][0][1] - draft * (k - 1), 0.0), 4)]]
     for line in said:
         say(f"coopsched: {line}")
     return params, {"says": said}, costs
