@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.calibrate import fit
+from harness.calibrate import books, fit
 from harness.calibrate.ticks import draft_from_fused
 from harness.live import client
 
@@ -408,9 +408,7 @@ def _server_drafts(drafts: list[tuple[int, int]] | None) -> dict | None:
 def _books_of(scrapes: tuple[dict, dict] | None) -> dict | None:
     """The step books the server kept over the calibration's passes ({"kind/rows": [ticks, ms]} and
     the worker's busy ms), or None from a server that keeps none (harness/calibrate/books.py)."""
-    from harness.calibrate.books import tick_delta
-
-    delta = tick_delta(*scrapes) if scrapes else None
+    delta = books.tick_delta(*scrapes) if scrapes else None
     if delta is None:
         return None
     ticks, busy = delta

@@ -48,10 +48,11 @@ def test_a_mock_server_is_recovered(tmp_path):
     assert profile["calibrated"]["mode"] == "slice" and profile["switch_ms"] < 2.0, output
     assert set(profile["jitter_quantiles"]) >= {"decode", "verify", "prefill"}
     assert "residual" in output and profile["server"] == "coopsched"
-    # acceptance, the round and the prefill are the server's own books (round counts, tick wall
-    # times): the mock prefills at 0.2 ms a token from 0; the HTTP layer is the frontend's
-    assert set(profile["calibrated"]["replaced"]) == {"accept_prob", "round_ms", "verify_ms", "prefill_fixed_ms",
-                                                      "prefill_per_token_ms", "draft_prefill_per_token_ms"}, output
+    # acceptance, the round, decode and the prefill are the server's own books (round counts, tick
+    # wall times): the mock prefills at 0.2 ms a token from 0; the HTTP layer is the frontend's
+    assert set(profile["calibrated"]["replaced"]) == {"accept_prob", "round_ms", "verify_ms", "decode_ms",
+                                                      "prefill_fixed_ms", "prefill_per_token_ms",
+                                                      "draft_prefill_per_token_ms"}, output
     assert "coopsched: accept_prob" in output and "round ticks of" in output, output
     assert profile["prefill_per_token_ms"] == pytest.approx(0.2, rel=0.2) and profile["prefill_fixed_ms"] < 2.0, output
     assert set(profile["server_params"]) == {"frontend_ms"} and 0 <= profile["server_params"]["frontend_ms"] < 20
