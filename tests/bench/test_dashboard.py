@@ -1,6 +1,7 @@
 """The Grafana dashboard (dashboards/coopsched.json) queries only what the server's /metrics exports.
 
-The exported names come from the server itself: `Metrics().render()` is the body
+The exported names come from the server itself: `Metrics().render()`, after an engine watched by
+it has served a few requests (the step books export a kind's series once it ran), is the body
 `GET /metrics` serves, parsed with prometheus_client's own parser. Without the
 server's dependencies (prometheus_client), the test falls back to the names in
 the README's `/metrics` list, copied below.
@@ -45,7 +46,14 @@ def exported() -> tuple[set[str], dict[str, set[str]], str]:
         names = set(CONTRACT_COUNTERS) | set(CONTRACT_GAUGES) | {
             h + suffix for h in CONTRACT_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
         return names, {"le": set(), "kind": {"classic", "spec"}}, "contract"
-    samples = [s for family in text_string_to_metric_families(Metrics().render().decode())
+    from factories import make_engine, make_requests
+
+    metrics, engine = Metrics(), make_engine()
+    engine.on_tick = metrics.record_tick
+    metrics.watch(engine.scheduler)
+    metrics.watch_engine(engine)
+    engine.run(make_requests(2, speculative=False, prefix="c") + make_requests(1, prefix="s"))
+    samples = [s for family in text_string_to_metric_families(metrics.render().decode())
                for s in family.samples]
     labels: dict[str, set[str]] = {}
     for s in samples:
