@@ -132,3 +132,16 @@ def test_a_server_that_never_speculates_gets_its_classic_terms_and_the_rest_name
     assert report["speculates"] is False and report["modes"]["slice"]["spec_tok_s"]["measured"] is None
     assert profile["server"] == "unknown" and "no rule matched" in profile["calibrated"]["server_evidence"]
     assert "heldout" in report and "twin runs coopsched's own scheduler" in " ".join(output.split())
+
+
+def test_a_burst_servers_books_give_its_acceptance_but_no_round_price():
+    """The legacy burst runs a request's rounds in one tick: the books hold no one-row round tick to
+    price a round from, and the fitter keeps the timing fit's round and says why; the responses'
+    round counts still give the acceptance."""
+    from harness.calibrate.server_params.coopsched import round_books
+    from harness.calibrate.target import Server
+
+    with serve("--mode", "burst", "--decode-ms", "1", "--round-ms", "4", "--accept-prob", str(ACCEPT)) as served:
+        costs, said = round_books(Server.connect(served.url), 4, probes=6)
+    assert set(costs) == {"accept_prob"} and costs["accept_prob"] == pytest.approx(ACCEPT, abs=0.12), said
+    assert any("a burst's rounds sharing one tick" in line for line in said), said

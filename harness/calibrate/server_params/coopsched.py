@@ -89,7 +89,8 @@ def round_books(server: Server, k: int, calibration: dict | None = None,
                     f"calibration's passes and these) and {extra:.3f} ms a tick of the worker's time outside "
                     "model calls")
     else:
-        said.append("round_ms: the server books no ticks (no coopsched_tick_seconds_total); the timing fit's is kept")
+        said.append("round_ms: the server booked no round ticks of one row (no coopsched_tick_seconds_total, or a "
+                    "burst's rounds sharing one tick); the timing fit's is kept")
     return costs, said
 
 
