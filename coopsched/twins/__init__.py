@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from coopsched.core.config import SchedulerConfig
 from coopsched.core.scheduler import Scheduler
 
-from .base import Param, StepModel
+from .base import Param, StepModel, ms_value
 
 KINDS = ("coopsched", "vllm", "mlx-lm", "llama.cpp")
 UNKNOWN = "unknown"  # detection found no kind: the reference is simulated, and the run says so
@@ -45,11 +45,7 @@ def reference_params(kind: str, params: Mapping[str, object] | None) -> dict[str
     if unknown:
         raise ValueError(f"server_params {', '.join(map(repr, unknown))}: a {kind} twin runs coopsched's "
                          f"scheduler, whose knobs are the scenario's [scheduler] table (accepted: {', '.join(known)})")
-    out = {**known, **(params or {})}
-    for name, value in out.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
-            raise ValueError(f"server_params {name}={value!r}: a {kind} twin wants a number of ms >= 0")
-    return {name: float(value) for name, value in out.items()}  # type: ignore[arg-type]
+    return {name: ms_value(kind, name, value) for name, value in {**known, **(params or {})}.items()}
 
 
 def make_scheduler(kind: str, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,

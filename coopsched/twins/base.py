@@ -37,6 +37,13 @@ class Param(NamedTuple):
     meaning: str
 
 
+def ms_value(kind: str, name: str, value: object) -> float:
+    """A duration param of a `kind` twin in ms, or a ValueError naming it and what is accepted."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
+        raise ValueError(f"server_params {name}={value!r}: a {kind} twin wants a number of ms >= 0")
+    return float(value)
+
+
 class StepModel:
     """The Engine's scheduler surface for a server that runs one forward per step over its rows."""
     kind: ClassVar[str] = ""
@@ -73,10 +80,7 @@ class StepModel:
 
     def ms_param(self, name: str) -> float:
         """A duration param in ms (0 when this kind has none by that name)."""
-        value = self.params.get(name, 0.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6:
-            raise ValueError(f"server_params {name}={value!r}: a {self.kind} twin wants a number of ms >= 0")
-        return float(value)
+        return ms_value(self.kind, name, self.params.get(name, 0.0))
 
     # -- intake ---------------------------------------------------------------
     def validate(self, request: Request) -> None:

@@ -137,6 +137,14 @@ class LinearFit:
         return [y - self(x) for x, y in zip(self.xs, self.ys)]
 
 
+def draft_share(prefill: LinearFit, points: Sequence[tuple[float, float]]) -> float:
+    """The drafter's per-token share of slice 0 (prefill of both models): its (tokens, ms) points
+    beyond the prefill line, fitted through the origin in relative error as the line is (weights
+    1 / ms^2); 0 without points."""
+    extra = [(x, y - prefill(x), 1.0 / max(y, 1e-3) ** 2) for x, y in points]
+    return sum(w * x * d for x, d, w in extra) / sum(w * x * x for x, _, w in extra) if extra else 0.0
+
+
 def jitter_quantiles(samples: Sequence[float], num: int = NUM_QUANTILES) -> list[float] | None:
     """The samples' quantiles at evenly spaced probabilities, over the mean of the distribution they
     describe (so a charge keeps its mean and takes the measured spread); None for < 2 samples."""

@@ -245,9 +245,10 @@ def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM
             kept[side] = books(side) if books else None
         out["workloads"][name] = {"rate_per_s": rate,
                                   **compare(predicted["twin"], live_figures, predicted.get("before"))}
-        if mean_books(live_books) is not None and all(kept.values()):
-            out["workloads"][name]["books"] = {"live": mean_books(live_books), **kept}
-            out["workloads"][name]["price_drift"] = price_drift(mean_books(live_books), kept["twin"])
+        live_mean = mean_books(live_books)
+        if live_mean is not None and all(kept.values()):
+            out["workloads"][name]["books"] = {"live": live_mean, **kept}
+            out["workloads"][name]["price_drift"] = price_drift(live_mean, kept["twin"])
     out["pass"] = all(w["pass"] for w in out["workloads"].values())
     start = capacity(rungs, slo)["live"]
     if start is None and capacity_rungs:

@@ -151,8 +151,7 @@ def arrivals_ms(got: client.Collected, origin_ns: int | None = None) -> tuple[li
 
 def reported_drafts(got: client.Collected) -> tuple[int, int] | None:
     """(draft tokens, accepted) the server counted for this request (llama.cpp's `timings`), or None."""
-    timings = next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
-                   None)
+    timings = got.timings
     if timings is None or "draft_n" not in timings:
         return (0, 0) if timings is not None and "predicted_n" in timings else None
     return int(timings.get("draft_n") or 0), int(timings.get("draft_n_accepted") or 0)
@@ -334,11 +333,7 @@ class TargetCalibration:
         s, k = self.samples, self.block_size
         decode_at = dict(decode_points)
         slice0 = fit.LinearFit.of(*zip(*s.ttft[True]), relative=True) if s.ttft[True] else prefill
-        extra = [(x, y - prefill(x)) for x, y in s.ttft[True]]
-        # through the origin, in relative error as the prefill line (weights 1 / TTFT^2)
-        weights = [1.0 / max(y, 1e-3) ** 2 for _, y in s.ttft[True]]
-        draft_prefill = (sum(w * x * d for w, (x, d) in zip(weights, extra)) /
-                         sum(w * x * x for w, (x, _) in zip(weights, extra))) if extra else 0.0
+        draft_prefill = fit.draft_share(prefill, s.ttft[True])
         round_levels, round_ratios = fit.levels({k: s.round_gaps})
         round_ms = timed_round_ms = round_levels[k]
         mean_tokens = float(np.mean(s.round_tokens)) if s.round_tokens else 0.0

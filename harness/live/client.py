@@ -352,6 +352,12 @@ class Collected:
         return "".join(a.text for a in self.arrivals)
 
     @property
+    def timings(self) -> dict | None:
+        """llama.cpp's per-response `timings` (coopsched's too), from the last event that has them."""
+        return next((a.event["timings"] for a in reversed(self.arrivals) if isinstance(a.event.get("timings"), dict)),
+                    None)
+
+    @property
     def finish_reason(self) -> str | None:
         return next((a.finish_reason for a in reversed(self.arrivals) if a.finish_reason), None)
 

@@ -69,8 +69,7 @@ class Target:
         out.max_event_tokens = max(got.counts, default=1)
         out.server_id = next((a.event.get("id") for a in got.arrivals if a.event.get("id")), None)
         extension = next((a.event["coopsched"] for a in reversed(got.arrivals) if a.event.get("coopsched")), None)
-        out.timings = next((a.event["timings"] for a in reversed(got.arrivals)
-                            if isinstance(a.event.get("timings"), dict)), None)
+        out.timings = got.timings
         if extension:
             out.served_speculatively = extension.get("served_speculatively")
             out.burst = extension.get("burst")

@@ -31,8 +31,7 @@ STRIDE = 7  # the i-th probe's length: step i x STRIDE (mod ACCEPT_PROBES) of th
 
 def _rounds(got: client.Collected) -> tuple[int, int] | None:
     """(tokens after the first, rounds) the server counted for a request, or None."""
-    timings = next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
-                   None)
+    timings = got.timings
     if not timings or not timings.get("draft_rounds"):
         return None
     return int(timings["predicted_n"]) - 1, int(timings["draft_rounds"])
@@ -139,18 +138,19 @@ def prefill_books(server: Server, speculates: bool) -> tuple[dict, dict, list[st
     share of the worker's time outside model calls; and `frontend_ms`, what the TTFTs of the same
     prompts sent to an idle engine took beyond their ticks (the HTTP layer, which the timing fit's
     line charged to the engine). (costs, params, what it measured)"""
-    scrape = lambda: client.settled(lambda: client.try_scrape(server.url))
     key = time.monotonic_ns()
     ticks: dict[bool, list[tuple[int, float, float]]] = {False: [], True: []}
     lone = [got for chars in PREFILL_CHARS if (got := _first_tick(server, chars, False, f"lone:{key}:{chars}"))]
-    with _decoding(server, f"prefill-books:{key}"):  # a busy engine, as a workload's prompts find it
-        before = scrape()
+    # a busy engine, as a workload's prompts find it; its books never settle while the stream
+    # decodes, so they are read as they stand (a settled read waited out its 3 s timeout)
+    with _decoding(server, f"prefill-books:{key}"):
+        before = client.try_scrape(server.url)
         for rep, chars in itertools.product(range(PREFILL_REPEATS), PREFILL_CHARS):
             for speculative in (False, True) if speculates else (False,):
                 got = _first_tick(server, chars, speculative, f"prefill-books:{key}:{rep}:{chars}:{speculative}")
                 if got is not None:
                     ticks[speculative].append(got)
-        after = scrape()
+        after = client.try_scrape(server.url)
     delta = books.tick_delta(before, after) if before and after else None
     if delta is None or len(ticks[False]) < 2:
         return {}, {}, ["prefill: the server books no admit ticks (coopsched_tick_seconds_total); the timing fit's "
@@ -166,12 +166,11 @@ def prefill_books(server: Server, speculates: bool) -> tuple[dict, dict, list[st
             "outside model calls included",
             f"frontend_ms {frontend:.3f}: the TTFTs of {len(lone)} lone requests (an idle engine: nothing to wait "
             "behind) beyond their ticks (median), the HTTP layer's part"]
-    if ticks[True]:  # slice 0 prefills both models: the drafter's share, through the origin in relative error
-        points = [(n, ms + extra - line(n), 1.0 / max(ms + extra, 1e-3) ** 2) for n, ms, _ in ticks[True]]
-        draft = sum(w * n * d for n, d, w in points) / sum(w * n * n for n, _, w in points)
+    if ticks[True]:  # slice 0 prefills both models: the drafter's share
+        draft = fit.draft_share(line, [(n, ms + extra) for n, ms, _ in ticks[True]])
         costs["draft_prefill_per_token_ms"] = round(max(draft, 0.0), 5)
-        said.append(f"draft_prefill_per_token_ms {costs['draft_prefill_per_token_ms']:.4f}: {len(points)} slice 0 "
-                    "ticks beyond the prefill line")
+        said.append(f"draft_prefill_per_token_ms {costs['draft_prefill_per_token_ms']:.4f}: {len(ticks[True])} "
+                    "slice 0 ticks beyond the prefill line")
     return costs, {"frontend_ms": round(frontend, 3)}, said
 
 
@@ -215,14 +214,11 @@ def fit_coopsched(server: Server, profile: dict, fitted: dict, say: Say) -> Fitt
     said.append(line)
     if decode:
         costs["decode_ms"] = decode
-    if not speculates:
-        for line in said:
-            say(f"coopsched: {line}")
-        return params, {"says": said}, costs
-    k = int(profile.get("verify_ms", [[1, 0.0]])[-1][0])
-    more, lines = round_books(server, k, fitted.get("server_books"))
-    costs.update(more)
-    said += lines
+    if speculates:
+        k = int(profile.get("verify_ms", [[1, 0.0]])[-1][0])
+        more, lines = round_books(server, k, fitted.get("server_books"))
+        costs.update(more)
+        said += lines
     if "round_ms" in costs:  # the verify of K positions is what a round costs beyond its K - 1 drafts
         draft = float(profile.get("draft_per_token_ms") or 0.0)
         one = (decode or profile["decode_ms"])[0][1]  # a verify of one position is a decode step

@@ -85,7 +85,7 @@ def fit_llamacpp(server: Server) -> tuple[dict, list[str]]:
     pairs = []
     for i in range(FRONTEND_PROBES):
         got = client.collect(url, body(text_prompt(16, f"frontend:{i}"), 2, False))
-        timings = _timings(got)
+        timings = got.timings
         times = got.token_times_ms(got.sent_ns)
         if timings and times and isinstance(timings.get("prompt_ms"), (int, float)):
             pairs.append((times[0], float(timings["prompt_ms"])))
@@ -124,7 +124,7 @@ def _timed(server: Server, rows: int, chars: int, speculates: bool, key: str) ->
     after = client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
     timed = [(float(t["predicted_ms"]), int(t["predicted_n"]), got.token_times_ms(got.sent_ns),
               int(t.get("prompt_n", 0)) + int(t.get("cache_n", 0)))
-             for got, t in zip(outs, map(_timings, outs)) if t and t.get("predicted_n")]
+             for got, t in ((o, o.timings) for o in outs) if t and t.get("predicted_n")]
     rounds = None
     if speculates and before is not None and after is not None:
         rounds = (after["drafts"] - before["drafts"]) / rows
@@ -241,10 +241,10 @@ def stall_probe(server: Server, costs: CostModel, speculates: bool) -> tuple[flo
         bodies = [stream] + [server.body(text_prompt(STEP_PROMPT, f"{key}:{rep}:{i}"), 1, False)
                              for i in range(STALL_ARRIVALS)]
         outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(STALL_ARRIVALS)])
-        alone, crossed = _timings(got), _timings(outs[0])
+        alone, crossed = got.timings, outs[0].timings
         if alone and crossed:
             passes.append((float(alone["predicted_ms"]), float(crossed["predicted_ms"])))
-        prompts += [int(t.get("prompt_n", 0)) for t in map(_timings, outs[1:]) if t]
+        prompts += [int(t.get("prompt_n", 0)) for t in (o.timings for o in outs[1:]) if t]
     join = costs.prefill_batch([(round(statistics.mean(prompts)) if prompts else STEP_PROMPT, speculates)])
     return arrival_stall(passes, STALL_ARRIVALS, join)
 
@@ -290,11 +290,6 @@ def wake_probe(server: Server, parallel: int) -> tuple[float, str]:
             if len(per_token) == parallel:
                 passes.append((queued, statistics.mean(per_token)))
     return queue_wake(passes, parallel)
-
-
-def _timings(got: client.Collected) -> dict | None:
-    return next((a.event["timings"] for a in reversed(got.arrivals) if isinstance(a.event.get("timings"), dict)),
-                None)
 
 
 def acceptance(server: Server, n_max: int, probes: int = ACCEPT_PROBES) -> tuple[float | None, str]:
