@@ -1,6 +1,7 @@
 """A server's own step books beside its twin's over the same held-out runs. llama-server's /metrics
 counts its llama_decode calls, busy slots per call and drafts; `coopsched serve` books every tick's
-kind, rows and wall time and its worker's busy time. The twin counts the same of its own run. Books
+kind, rows and wall time and its worker's busy time; vLLM its engine steps that emitted tokens, the
+tokens each step computed and its proposer's drafts. The twin counts the same of its own run. Books
 that agree show the twin schedules as the server does, which token timing alone cannot; where a
 tick's cost differs, the priced tick is what is off (`calibrate --report` keeps them for both kinds).
 """
@@ -16,16 +17,22 @@ DRAFTS, DRAFT_TOKENS = "llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_d
 
 TICKS, TICK_SECONDS = "coopsched_ticks_total", "coopsched_tick_seconds_total"
 ENGINE_BUSY = "coopsched_engine_busy_seconds_total"
+VLLM_STEPS = "vllm:iteration_tokens_total"  # a histogram: one observation a step that emitted a token
+VLLM_GENERATED = "vllm:generation_tokens_total"
+VLLM_SPEC = {"drafts": "vllm:spec_decode_num_drafts_total", "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+             "accepted": "vllm:spec_decode_num_accepted_tokens_total"}  # only with a speculative config
+
 PRICED = ("admit", "slice0", "decode", "round")  # the tick kinds a twin prices (their mean ms each)
 FREE = ("idle", "park")  # no model work: not a step in either book
 
 
 def server_books(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> dict | None:
     """The server's books over one run, from the /metrics scrapes either side of it: llama-server's
-    or coopsched's, whichever it keeps; None when a scrape lacks them (llama-server without --metrics)."""
+    coopsched's or vLLM's, whichever it keeps; None when a scrape lacks them (llama-server without
+    --metrics)."""
     if not before or not after:
         return None
-    return _llama_books(before, after) or coopsched_books(before, after)
+    return _llama_books(before, after) or coopsched_books(before, after) or _vllm_books(before, after)
 
 
 def _llama_books(before: Mapping[str, float], after: Mapping[str, float]) -> dict | None:
@@ -37,6 +44,32 @@ def _llama_books(before: Mapping[str, float], after: Mapping[str, float]) -> dic
     busy = after[BUSY] * after[DECODES] - before[BUSY] * before[DECODES]
     return {"steps": steps, "busy_per_step": busy / steps if steps else None,
             "drafts": after[DRAFTS] - before[DRAFTS], "draft_tokens": after[DRAFT_TOKENS] - before[DRAFT_TOKENS]}
+
+
+def _vllm_books(before: Mapping[str, float], after: Mapping[str, float]) -> dict | None:
+    """Steps are those that emitted a token (a step that only prefilled part of a prompt is not
+    observed); a step's tokens are the prompt tokens it computed and the tokens it emitted. Without
+    a speculative config vLLM serves no draft counters: none drafted."""
+    count = f"{VLLM_STEPS}_count"
+    if not any(_bare(name) == count for name in before) or not any(_bare(name) == count for name in after):
+        return None
+    delta = {key: _summed(after, name) - _summed(before, name) for key, name in
+             {"steps": count, "tokens": f"{VLLM_STEPS}_sum", "emitted": VLLM_GENERATED, **VLLM_SPEC}.items()}
+    return _vllm_row(delta.pop("steps"), delta.pop("tokens"), delta.pop("emitted"), delta)
+
+
+def _vllm_row(steps: float, tokens: float, emitted: float, drafts: Mapping[str, float]) -> dict:
+    return {"steps": steps, "tokens_per_step": tokens / steps if steps else None,
+            "emitted_per_step": emitted / steps if steps else None, **drafts}
+
+
+def _summed(samples: Mapping[str, float], bare: str) -> float:
+    """A metric's samples summed over their labels (vLLM labels each by engine and model)."""
+    return float(sum(v for name, v in samples.items() if _bare(name) == bare))
+
+
+def _bare(name: str) -> str:
+    return name.partition("{")[0]
 
 
 def tick_counts(samples: Mapping[str, float]) -> dict[tuple[str, int], list[float]]:
@@ -91,15 +124,22 @@ def _tick_books(ticks: Mapping[tuple[str, int], list[float]], busy_ms: float) ->
 def twin_books(run, kind: str = "llama.cpp") -> dict:
     """The same books of one twin run (runner.execute's result). For llama.cpp: its working steps,
     rows per step, verify rows (one draft each, as llama-server counts a slot's draft) and drafted
-    tokens; for coopsched: its ticks by kind, rows and priced ms, and their sum."""
+    tokens; for coopsched: its ticks by kind, rows and priced ms, and their sum; for vLLM: its steps,
+    the prompt and emitted tokens a step, and its verify rows' drafts (a vLLM draft is one row's
+    proposals in one step)."""
     worked = [t for t in run.ticks if t.kind.value not in FREE]
+    obs = run.scheduler.obs
+    if kind == "vllm":
+        emitted = sum(len(r.output_token_ids) for r in run.requests)
+        prompt = sum(len(r.prompt_token_ids) for r in run.requests)
+        return _vllm_row(len(worked), prompt + emitted, emitted, {
+            "drafts": obs.rounds, "draft_tokens": obs.drafted_tokens, "accepted": obs.accepted_tokens})
     if kind == "coopsched":
         ticks: dict[tuple[str, int], list[float]] = {}
         for t in worked:
             cell = ticks.setdefault((t.kind.value, len(t.request_ids)), [0.0, 0.0])
             cell[0], cell[1] = cell[0] + 1, cell[1] + t.end_ms - t.start_ms
         return _tick_books(ticks, sum(ms for _, ms in ticks.values()))
-    obs = run.scheduler.obs
     return {"steps": len(worked), "busy_per_step": sum(len(t.request_ids) for t in worked) / len(worked)
             if worked else None, "drafts": obs.rounds, "draft_tokens": obs.drafted_tokens}
 

@@ -20,7 +20,7 @@ from harness.calibrate import heldout, search
 from harness.run.slo import parse_slo
 
 MLX_REPEATS, TARGET_REPEATS, REPORT_RUNS = 5, 3, 5
-BOOK_KINDS = ("llama.cpp", "coopsched")  # servers whose /metrics keep step books (harness/calibrate/books.py)
+BOOK_KINDS = ("llama.cpp", "coopsched", "vllm")  # servers whose /metrics keep step books (harness/calibrate/books.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -350,7 +350,7 @@ def report_meta(url: str, profile: Path, loads: list[float], speculates: bool, k
 def _heldout(args: argparse.Namespace, server, the_twin, before, config, console, kind: str) -> dict:
     """The held-out workloads live (fresh prompts every run: a prefix cache must not answer them)
     and on the twin (and `before`, the cost-only twin, beside it), behind a progress bar; for a
-    server that keeps step books (llama-server, coopsched) each run's from /metrics beside the twins'."""
+    server that keeps step books (llama-server, coopsched, vLLM) each run's from /metrics beside the twins'."""
     import itertools
     import secrets
 

@@ -84,3 +84,45 @@ def test_the_price_drift_is_the_one_row_ticks_against_their_prices():
     assert books.price_drift(slower, twin) == pytest.approx(0.5)
     assert books.price_drift({**twin, "round_ms": None}, twin) == pytest.approx(0.0)
     assert books.price_drift({"steps": 3}, twin) is None  # llama-server's books price no ticks
+
+
+def vllm_scrape(steps: int, step_tokens: int, emitted: int, drafts: tuple[int, int, int] | None) -> dict:
+    """A vLLM /metrics scrape: every sample labelled by engine and model, as vLLM serves them."""
+    labels = '{engine="0",model_name="tiny"}'
+    out = {f"{books.VLLM_STEPS}_count{labels}": steps, f"{books.VLLM_STEPS}_sum{labels}": step_tokens,
+           f"{books.VLLM_GENERATED}{labels}": emitted, f"{books.VLLM_STEPS}_bucket{{le=\"1.0\"}}": 1}
+    for name, n in zip(books.VLLM_SPEC.values(), drafts or ()):
+        out[name + labels] = n
+    return out
+
+
+def test_vllm_books_are_its_steps_tokens_and_drafts_between_two_scrapes():
+    got = books.server_books(vllm_scrape(10, 200, 40, (5, 20, 9)), vllm_scrape(30, 560, 140, (45, 180, 70)))
+    assert got == {"steps": 20, "tokens_per_step": 18.0, "emitted_per_step": 5.0, "drafts": 40, "draft_tokens": 160,
+                   "accepted": 61}
+    plain = books.server_books(vllm_scrape(10, 200, 40, None), vllm_scrape(30, 560, 140, None))
+    assert (plain["drafts"], plain["draft_tokens"], plain["accepted"]) == (0, 0, 0)  # no speculative config
+    assert books.server_books({"vllm:num_requests_running": 0}, vllm_scrape(1, 1, 1, None)) is None
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_a_vllm_twins_books_count_its_steps_and_each_rows_drafts(share):
+    from harness.calibrate import twin
+    from harness.run.runner import Profile
+    from mocks import CostModel
+
+    profile = Profile(CostModel.simple(2.0, 8.0, 0.1), "vllm",
+                      {"max_num_seqs": 4, "num_speculative_tokens": 3, "propose_share": share})
+    kept = {}
+    twin.simulate_timed(profile, twin.twin_config("slice"), heldout.workload(5.0, 8), heldout.SEED,
+                        on_run=lambda run: kept.setdefault("run", run))
+    run = kept["run"]
+    got = books.twin_books(run, "vllm")
+    worked = [t for t in run.ticks if t.kind.value not in books.FREE]
+    verifies = sum(len(t.request_ids) for t in worked if t.kind.value == "round")  # rounds of verify rows only
+    emitted = sum(len(r.output_token_ids) for r in run.requests)
+    assert got["steps"] == len(worked) and got["emitted_per_step"] == pytest.approx(emitted / len(worked))
+    assert got["draft_tokens"] == 3 * got["drafts"] and got["drafts"] >= verifies > 0
+    assert 0 < got["accepted"] <= got["draft_tokens"]
+    plain = [t for t in worked if t.kind.value in ("decode", "mixed")]  # rows that decoded one token, no drafts
+    assert bool(plain) is (share < 1.0)  # ngram finds no drafts on some row-steps; a draft model on every one
