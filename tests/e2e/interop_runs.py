@@ -74,7 +74,9 @@ def locust_run(url: str, tmp_path: Path) -> tuple[dict, dict, Path]:
                "locust_failures": report["locust_failures"],
                "finished": {k: [len(r["token_times_ms"]) for r in finished if r["kind"] == k]
                             for k in ("classic", "spec")},
-               "solo_tokens": {k: v["num_tokens"] for k, v in (report.get("solo") or {}).items()}}
+               "solo_tokens": {k: v["num_tokens"] for k, v in (report.get("solo") or {}).items()},
+               "failed": {c["name"]: {"value": c["value"], "bound": c["bound"], "note": c["note"][:600]}
+                          for c in report.get("checks") or [] if c["ok"] is False}}  # why a verdict failed
     return figures, report, report_path
 
 
