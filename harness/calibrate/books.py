@@ -8,6 +8,7 @@ tick's cost differs, the priced tick is what is off (`calibrate --report` keeps 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -19,6 +20,7 @@ TICKS, TICK_SECONDS = "coopsched_ticks_total", "coopsched_tick_seconds_total"
 ENGINE_BUSY = "coopsched_engine_busy_seconds_total"
 VLLM_STEPS = "vllm:iteration_tokens_total"  # a histogram: one observation a step that emitted a token
 VLLM_GENERATED = "vllm:generation_tokens_total"
+VLLM_ITL = "vllm:inter_token_latency_seconds"  # a histogram: one observation a row's step after its first, engine-side
 VLLM_SPEC = {"drafts": "vllm:spec_decode_num_drafts_total", "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
              "accepted": "vllm:spec_decode_num_accepted_tokens_total"}  # only with a speculative config
 
@@ -54,13 +56,18 @@ def _vllm_books(before: Mapping[str, float], after: Mapping[str, float]) -> dict
     if not any(_bare(name) == count for name in before) or not any(_bare(name) == count for name in after):
         return None
     delta = {key: _summed(after, name) - _summed(before, name) for key, name in
-             {"steps": count, "tokens": f"{VLLM_STEPS}_sum", "emitted": VLLM_GENERATED, **VLLM_SPEC}.items()}
-    return _vllm_row(delta.pop("steps"), delta.pop("tokens"), delta.pop("emitted"), delta)
+             {"steps": count, "tokens": f"{VLLM_STEPS}_sum", "emitted": VLLM_GENERATED,
+              "gaps": f"{VLLM_ITL}_count", "gap_s": f"{VLLM_ITL}_sum", **VLLM_SPEC}.items()}
+    gaps, gap_ms = delta.pop("gaps"), delta.pop("gap_s") * 1e3
+    return _vllm_row(delta.pop("steps"), delta.pop("tokens"), delta.pop("emitted"), gap_ms / gaps if gaps else None,
+                     delta)
 
 
-def _vllm_row(steps: float, tokens: float, emitted: float, drafts: Mapping[str, float]) -> dict:
+def _vllm_row(steps: float, tokens: float, emitted: float, step_ms: float | None, drafts: Mapping[str, float]) -> dict:
+    """`step_ms`: a row's mean time from one of its steps to the next (vLLM's inter-token latency,
+    stamped by its engine core: what a step costs as its rows see it, HTTP left out)."""
     return {"steps": steps, "tokens_per_step": tokens / steps if steps else None,
-            "emitted_per_step": emitted / steps if steps else None, **drafts}
+            "emitted_per_step": emitted / steps if steps else None, "step_ms": step_ms, **drafts}
 
 
 def _summed(samples: Mapping[str, float], bare: str) -> float:
@@ -132,7 +139,8 @@ def twin_books(run, kind: str = "llama.cpp") -> dict:
     if kind == "vllm":
         emitted = sum(len(r.output_token_ids) for r in run.requests)
         prompt = sum(len(r.prompt_token_ids) for r in run.requests)
-        return _vllm_row(len(worked), prompt + emitted, emitted, {
+        gaps = [b - a for times in run.token_times.values() for a, b in itertools.pairwise(sorted(set(times)))]
+        return _vllm_row(len(worked), prompt + emitted, emitted, float(np.mean(gaps)) if gaps else None, {
             "drafts": obs.rounds, "draft_tokens": obs.drafted_tokens, "accepted": obs.accepted_tokens})
     if kind == "coopsched":
         ticks: dict[tuple[str, int], list[float]] = {}
@@ -144,15 +152,23 @@ def twin_books(run, kind: str = "llama.cpp") -> dict:
             if worked else None, "drafts": obs.rounds, "draft_tokens": obs.drafted_tokens}
 
 
+SAME_STEPS = 0.15  # vLLM: steps compare when the twin's emit as many tokens a step as the server's, within this
 SINGLE_ROW = ("admit", "slice0", "round")  # ticks of one row: their price does not move with the batch
 
 
 def price_drift(live: Mapping[str, float | None], twin: Mapping[str, float | None]) -> float | None:
-    """How far the server's own one-row ticks (admit, slice 0, round) cost from the twin's prices of
-    them in the same runs: the geometric mean of live / twin - 1 over the kinds both books hold. The
-    calibration priced those ticks, so a drift beyond the tolerances says the server's speed moved
-    between calibration and check (a shared machine's does, by half on 2026-12-03) and that the
-    held-out rows measure the move as much as the twin; None when no kind is in both."""
+    """How far the server's own steps cost from the twin's prices of them in the same runs. For
+    coopsched, its one-row ticks (admit, slice 0, round): the geometric mean of live / twin - 1 over
+    the kinds both books hold; for vLLM, a row's step to step time, when the twin's steps emit as
+    many tokens as the server's (steps of other sizes differ by the schedule). The calibration
+    priced those steps, so a drift beyond the tolerances says the server's speed moved between
+    calibration and check (a shared machine's does, by half on 2026-12-03) and that the held-out rows
+    measure the move as much as the twin; None when no price is in both."""
+    if live.get("step_ms") and twin.get("step_ms"):
+        rows, twin_rows = live.get("emitted_per_step"), twin.get("emitted_per_step")
+        if not rows or not twin_rows or abs(twin_rows / rows - 1) > SAME_STEPS:
+            return None  # steps of other sizes: their times differ by the schedule, not the price
+        return float(live["step_ms"] / twin["step_ms"]) - 1  # type: ignore[operator]
     ratios = [live[f"{k}_ms"] / twin[f"{k}_ms"] for k in SINGLE_ROW if live.get(f"{k}_ms") and twin.get(f"{k}_ms")]
     return float(np.exp(np.mean(np.log(ratios)))) - 1 if ratios else None
 
@@ -177,7 +193,7 @@ def books_line(name: str, books: Mapping[str, dict]) -> str:
                 cells.append(f"{side} {_num(got.get(key))}{error}")
         parts.append(", ".join(cells))
     drift = price_drift(live, books["twin"]) if "twin" in books else None
-    moved = (f"; the server's one-row ticks cost {drift:+.0%} against the twin's prices of them"
+    moved = (f"; the server's steps cost {drift:+.0%} against the twin's prices of them"
              if drift is not None else "")
     return f"{name} books per run (the server's /metrics vs the twins' counts): " + "; ".join(parts) + moved
 

@@ -296,7 +296,7 @@ def print_check(console, report: dict, title: str) -> None:
                   highlight=False, soft_wrap=True)
     drifts = {name: w["price_drift"] for name, w in report["workloads"].items() if w.get("price_drift") is not None}
     if not report["pass"] and any(abs(d) > DRIFT_NOTE for d in drifts.values()):
-        console.print("the server's own one-row ticks cost " + ", ".join(f"{d:+.0%} ({name})" for name, d in
+        console.print("the server's own steps cost " + ", ".join(f"{d:+.0%} ({name})" for name, d in
                       drifts.items()) + " against the twin's prices of them: its speed moved since it was "
                       "calibrated, and the failed rows measure that move as well as the twin (the books below)",
                       highlight=False, soft_wrap=True)

@@ -86,11 +86,19 @@ def test_the_price_drift_is_the_one_row_ticks_against_their_prices():
     assert books.price_drift({"steps": 3}, twin) is None  # llama-server's books price no ticks
 
 
+def test_vllms_drift_is_its_rows_step_time_when_the_steps_are_alike():
+    twin = {"steps": 100, "emitted_per_step": 2.0, "step_ms": 5.0}
+    assert books.price_drift({**twin, "emitted_per_step": 2.2, "step_ms": 7.5}, twin) == pytest.approx(0.5)
+    assert books.price_drift({**twin, "emitted_per_step": 3.0, "step_ms": 7.5}, twin) is None  # other batches
+
+
 def vllm_scrape(steps: int, step_tokens: int, emitted: int, drafts: tuple[int, int, int] | None) -> dict:
-    """A vLLM /metrics scrape: every sample labelled by engine and model, as vLLM serves them."""
+    """A vLLM /metrics scrape: every sample labelled by engine and model, as vLLM serves them; a row's
+    step gaps are the emitted tokens after each request's first (4 requests), 6 ms each."""
     labels = '{engine="0",model_name="tiny"}'
     out = {f"{books.VLLM_STEPS}_count{labels}": steps, f"{books.VLLM_STEPS}_sum{labels}": step_tokens,
-           f"{books.VLLM_GENERATED}{labels}": emitted, f"{books.VLLM_STEPS}_bucket{{le=\"1.0\"}}": 1}
+           f"{books.VLLM_GENERATED}{labels}": emitted, f"{books.VLLM_STEPS}_bucket{{le=\"1.0\"}}": 1,
+           f"{books.VLLM_ITL}_count{labels}": emitted - 4, f"{books.VLLM_ITL}_sum{labels}": (emitted - 4) * 0.006}
     for name, n in zip(books.VLLM_SPEC.values(), drafts or ()):
         out[name + labels] = n
     return out
@@ -98,8 +106,8 @@ def vllm_scrape(steps: int, step_tokens: int, emitted: int, drafts: tuple[int, i
 
 def test_vllm_books_are_its_steps_tokens_and_drafts_between_two_scrapes():
     got = books.server_books(vllm_scrape(10, 200, 40, (5, 20, 9)), vllm_scrape(30, 560, 140, (45, 180, 70)))
-    assert got == {"steps": 20, "tokens_per_step": 18.0, "emitted_per_step": 5.0, "drafts": 40, "draft_tokens": 160,
-                   "accepted": 61}
+    assert got == {"steps": 20, "tokens_per_step": 18.0, "emitted_per_step": 5.0, "step_ms": pytest.approx(6.0),
+                   "drafts": 40, "draft_tokens": 160, "accepted": 61}
     plain = books.server_books(vllm_scrape(10, 200, 40, None), vllm_scrape(30, 560, 140, None))
     assert (plain["drafts"], plain["draft_tokens"], plain["accepted"]) == (0, 0, 0)  # no speculative config
     assert books.server_books({"vllm:num_requests_running": 0}, vllm_scrape(1, 1, 1, None)) is None
@@ -122,6 +130,9 @@ def test_a_vllm_twins_books_count_its_steps_and_each_rows_drafts(share):
     verifies = sum(len(t.request_ids) for t in worked if t.kind.value == "round")  # rounds of verify rows only
     emitted = sum(len(r.output_token_ids) for r in run.requests)
     assert got["steps"] == len(worked) and got["emitted_per_step"] == pytest.approx(emitted / len(worked))
+    # a row's steps: with a draft every step each is a round (8 ms priced, more beside other rows),
+    # with half of them a decode (2 ms) in between
+    assert 8.0 <= got["step_ms"] <= 9.0 if share == 1.0 else 2.0 < got["step_ms"] < 8.0
     assert got["draft_tokens"] == 3 * got["drafts"] and got["drafts"] >= verifies > 0
     assert 0 < got["accepted"] <= got["draft_tokens"]
     plain = [t for t in worked if t.kind.value in ("decode", "mixed")]  # rows that decoded one token, no drafts
