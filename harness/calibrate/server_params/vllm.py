@@ -176,7 +176,7 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     slope, why = context_term(server, scrape, steps)
     timed = folded(client.settled(scrape))
     lone = probe_ttfts(server)
-    after = alone = folded(client.settled(scrape))
+    alone = folded(client.settled(scrape))
     width = 1 + k  # a step's positions a row: 1, or 1 + K verified
     points = own_points(steps, slope)
     out.cost.update(decode_ms=points, round_ms=None, draft_per_token_ms=0.0, draft_prefill_per_token_ms=0.0,
@@ -190,7 +190,7 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
         out.params["num_speculative_tokens"] = k
         out.cost["verify_ms"] = [[b * (k + 1), ms] for b, ms in points]  # a step verifies 1 + K a row
         draft_price(out, profile.get("round_ms"), steps[1][0] if 1 in steps else None, k)
-        accept = ngram_acceptance(before, after, k)
+        accept = ngram_acceptance(before, alone, k)
         if accept is not None:
             out.cost["accept_prob"], out.params["propose_share"] = round(accept[0], 4), round(accept[1], 4)
             out.note(accept[2])
