@@ -1,9 +1,10 @@
 """A server's own step books beside its twin's over the same held-out runs. llama-server's /metrics
 counts its llama_decode calls, busy slots per call and drafts; `coopsched serve` books every tick's
 kind, rows and wall time and its worker's busy time; vLLM its engine steps that emitted tokens, the
-tokens each computed, a row's time from step to step and its proposer's drafts. The twin counts the same of its own run. Books
-that agree show the twin schedules as the server does, which token timing alone cannot; where a
-tick's cost differs, the priced tick is what is off (`calibrate --report` keeps them for all three).
+tokens each computed, a row's time from step to step and its proposer's drafts. The twin counts the
+same of its own run. Books that agree show the twin schedules as the server does, which token
+timing alone cannot; where a tick's cost differs, the priced tick is what is off (`calibrate
+--report` keeps them for all three).
 """
 
 from __future__ import annotations
