@@ -49,6 +49,7 @@ class StepModel:
     kind: ClassVar[str] = ""
     PARAMS: ClassVar[tuple[Param, ...]] = ()
     frontend_ms: float = 0.0  # from a client's send to this scheduler seeing the request (the runner shifts arrivals)
+    frontend_busy_ms: float = 0.0  # more frontend for a request sent while the engine is in a step (the runner adds it)
     frontend_stall_ms: float = 0.0  # engine-core time each arrival's frontend takes (the runner stretches forwards)
     wake_ms: float = 0.0  # core time a streamed token takes waking each other request's frontend (the runner charges)
 
@@ -57,6 +58,7 @@ class StepModel:
         self.config = config
         self.params = self.resolve(params or {})
         self.frontend_ms = self.ms_param("frontend_ms")
+        self.frontend_busy_ms = self.ms_param("frontend_busy_ms")
         self.frontend_stall_ms = self.ms_param("frontend_stall_ms")
         self.wake_ms = self.ms_param("wake_ms")
         self.vocab = vocab

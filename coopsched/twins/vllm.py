@@ -42,6 +42,9 @@ class VllmModel(StepModel):
         Param("frontend_ms", 0.0, "(the API server process: no flag)",
               "ms from a client's send to the engine's scheduler seeing the request (HTTP, tokenizing, "
               "IPC): an open-loop twin submits each request that much later and counts TTFT from its send"),
+        Param("frontend_busy_ms", 0.0, "(the API server sharing the engine's core: no flag)",
+              "ms more than frontend_ms for a request sent while the engine is in a step (the API server "
+              "waits for the engine's core); one sent to an idle engine takes frontend_ms"),
         Param("frontend_stall_ms", 0.0, "(the API server sharing the engine's core: no flag)",
               "ms of the engine's core each arrival's frontend work takes from its send (the API server "
               "process on the same core): a forward it overlaps is stretched by it (0: a core of its own)"),

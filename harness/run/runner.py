@@ -20,7 +20,7 @@ from coopsched.env import Gates
 from coopsched.twins import KINDS, UNKNOWN, StepModel, make_scheduler, model_class, reference_params
 from harness.run import metrics
 from harness.run.scenario import Scenario
-from harness.run.shared_core import SharedCoreClock, wake_charge
+from harness.run.shared_core import BusyClock, BusyFrontendArrivals, SharedCoreClock, wake_charge
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
 BackendFactory = Callable[[object, Scenario, int], ModelBackend]  # (clock, scenario, seed) -> backend
@@ -136,6 +136,9 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     twin = scheduler if isinstance(scheduler, StepModel) and open_loop else None
     stall = twin.frontend_stall_ms if twin else 0.0  # the frontend's work on the engine's core, from each send
     charged = SharedCoreClock(clock, [r.arrival_ms for r in requests], stall) if stall else clock
+    busy = twin.frontend_busy_ms if twin else 0.0  # more frontend for a request sent while the engine is in a step
+    steps = BusyClock(charged) if busy else None  # when the engine was in a step, for the frontends
+    charged = steps or charged
     backend = reports_live_caches(backend_factory(charged, scenario, seed))
     token_times: dict[str, list[float]] = {r.id: [] for r in requests}
 
@@ -143,15 +146,18 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
         token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
 
     frontend = frontend_ms(scheduler, server_kind(scenario), params) if open_loop else 0.0
+    sends = {r.id: r.arrival_ms for r in requests}
     for request in requests if frontend else ():  # open loop: each reaches the scheduler that much later ...
         request.arrival_ms += frontend
+    if steps:
+        arrivals = BusyFrontendArrivals(requests, frontend, busy, steps)
     try:
         wake = twin.wake_ms if twin else 0.0  # each streamed token's wake of the other requests' HTTP threads
         on_tick = wake_charge(scheduler, charged, wake) if wake else None
         result = Engine(scheduler, backend, clock, on_event=record, on_tick=on_tick).run(arrivals, keep_events=False)
     finally:
-        for request in requests if frontend else ():  # ... and its TTFT counts from when the client sent it
-            request.arrival_ms -= frontend
+        for request in requests if frontend or busy else ():  # ... and its TTFT counts from when the client sent it
+            request.arrival_ms = sends[request.id]
     return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
                token_times, result.ticks, scheduler, backend)
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable
 
+from coopsched.core import Request
+from coopsched.engine import Arrivals
+
 
 def busy_spans(sends_ms: Iterable[float], stall_ms: float) -> list[tuple[float, float]]:
     """The frontend's busy spans: `stall_ms` of work from each send, served in arrival order (work
@@ -63,3 +66,48 @@ def wake_charge(scheduler, clock, wake_ms: float):
         if tokens and others > 0:
             clock.sleep(wake_ms * tokens * others)
     return on_tick
+
+
+class BusyClock:
+    """The clock a backend charges through, keeping each charge's span: when the engine was in a step."""
+
+    def __init__(self, clock) -> None:
+        self._clock = clock
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def sleep(self, ms: float) -> None:
+        start = self._clock.now()
+        self._clock.sleep(ms)
+        self.starts.append(start)
+        self.ends.append(self._clock.now())
+
+    def in_step(self, t_ms: float) -> bool:
+        i = bisect_right(self.starts, t_ms) - 1
+        return i >= 0 and t_ms < self.ends[i]
+
+    def __getattr__(self, name: str):
+        return getattr(self._clock, name)
+
+
+class BusyFrontendArrivals(Arrivals):
+    """Open-loop arrivals (already `frontend_ms` late) whose frontend takes `busy_ms` more when its
+    request was sent while the engine was in a step (a frontend on the engine's core waits for it):
+    the head's arrival is decided once the steps up to its send are charged. Requests keep their
+    send order (one frontend queue: a later request does not overtake an earlier one)."""
+
+    def __init__(self, requests: Iterable[Request], frontend_ms: float, busy_ms: float, steps: BusyClock) -> None:
+        self.frontend_ms, self.busy_ms, self.steps = frontend_ms, busy_ms, steps
+        super().__init__(requests)
+
+    def _extra(self, request: Request) -> float:
+        return self.busy_ms if self.steps.in_step(request.arrival_ms - self.frontend_ms) else 0.0
+
+    def next_ms(self) -> float:
+        head = self._heap[0][2]
+        return head.arrival_ms + self._extra(head)
+
+    def pop(self) -> Request:
+        request = self._heap[0][2]
+        request.arrival_ms += self._extra(request)
+        return super().pop()

@@ -225,3 +225,17 @@ def test_a_draft_token_is_priced_from_the_lone_round(round_points, lone, prompt_
         out.cost["prefill_per_token_ms"] = prompt_price
     sp.draft_price(out, round_points, lone, 4)
     assert out.cost.get("draft_position_ms") == (pytest.approx(want) if want is not None else None)
+
+
+def test_a_busy_frontend_is_the_beside_requests_median_beyond_a_lone_ones():
+    out = sp.VllmFit(lambda line: None)
+    out.params["frontend_ms"] = 4.0
+    sp.busy_frontend(out, [8.0, 9.5, 30.0])  # the median: one stalled client does not move it
+    assert out.params["frontend_busy_ms"] == 5.5 and "3 requests sent while two others decode" in out.lines[-1]
+    quicker = sp.VllmFit(lambda line: None)
+    quicker.params["frontend_ms"] = 4.0
+    sp.busy_frontend(quicker, [3.0, 3.5])
+    assert quicker.params["frontend_busy_ms"] == 0.0  # never less than a lone request's
+    unmeasured = sp.VllmFit(lambda line: None)
+    sp.busy_frontend(unmeasured, [])
+    assert "frontend_busy_ms" not in unmeasured.params and "not measured" in unmeasured.lines[-1]

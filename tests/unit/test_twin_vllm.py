@@ -143,6 +143,7 @@ def test_params_are_documented_with_the_flag_they_mirror():
         "num_speculative_tokens": "--speculative-config num_speculative_tokens",
         "enable_chunked_prefill": "--enable-chunked-prefill", "frontend_ms": "(the API server process: no flag)",
         "frontend_stall_ms": "(the API server sharing the engine's core: no flag)",
+        "frontend_busy_ms": "(the API server sharing the engine's core: no flag)",
         "propose_share": "(ngram: its prompt lookup's matches; no flag)"}
     with pytest.raises(ValueError, match="'max_num_seq' unknown"):
         make_scheduler("vllm", SchedulerConfig(), {"max_num_seq": 4})

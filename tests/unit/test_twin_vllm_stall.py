@@ -1,6 +1,7 @@
 """The frontend sharing the engine's core (frontend_stall_ms), in virtual time: each arrival's
 frontend work holds the core from its send, so a forward it overlaps ends that much later; the
-engine idle, it delays nothing but the request (frontend_ms). Each rule has a planted regression."""
+engine idle, it delays nothing but the request (frontend_ms). A request sent while the engine is in
+a step reaches it frontend_busy_ms later still. Each rule has a planted regression."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from mocks import CostModel
 COST = CostModel(prefill_fixed_ms=0.0, prefill_per_token_ms=0.5, decode_ms=[[1, 4.0], [2, 4.0]])
 
 
-def token_times(stall: float, frontend: float = 3.0, *, b_at: float = 9.0) -> dict[str, list[float]]:
+def execute(stall: float, frontend: float = 3.0, *, b_at: float = 9.0, busy: float = 0.0) -> runner.Run:
     """a (4-token prompt, 6 tokens) from 0, b (4-token prompt, 1 token) sent at `b_at`."""
     scenario = Scenario("stall", requests=(RequestSpec("a", 0.0, 4, max_tokens=6),
                                            RequestSpec("b", b_at, 4, max_tokens=1)))
-    params = {"frontend_ms": frontend, "frontend_stall_ms": stall}
-    run = runner.execute(runner.priced(scenario, runner.Profile(COST, "vllm", params)),
-                         SchedulerConfig(has_drafter=False))
-    return run.token_times
+    params = {"frontend_ms": frontend, "frontend_stall_ms": stall, "frontend_busy_ms": busy}
+    return runner.execute(runner.priced(scenario, runner.Profile(COST, "vllm", params)),
+                          SchedulerConfig(has_drafter=False))
+
+
+def token_times(stall: float, frontend: float = 3.0, *, b_at: float = 9.0, busy: float = 0.0) -> dict[str, list[float]]:
+    return execute(stall, frontend, b_at=b_at, busy=busy).token_times
 
 
 def test_the_forward_an_arrival_overlaps_is_stretched_by_its_stall():
@@ -37,6 +41,20 @@ def test_the_forward_an_arrival_overlaps_is_stretched_by_its_stall():
 def test_an_idle_engine_is_not_stalled():
     # a has finished by 40: b's frontend work runs while the engine waits for b (frontend_ms 5 > stall 3)
     assert token_times(3.0, 5.0, b_at=40.0) == token_times(0.0, 5.0, b_at=40.0)
+
+
+def test_a_request_sent_while_the_engine_steps_is_seen_busy_ms_later():
+    # b sent at 9, as a's step 9-13 begins: seen at 12 it joins at 13 (13-19: its prompt beside a's
+    # decode); 5 ms more, seen at 17, it waits for the step 13-17 to end and runs 17-23
+    assert token_times(0.0)["b"] == [19.0]
+    run = execute(0.0, busy=5.0)
+    assert run.token_times["b"] == [23.0] and run.token_times["a"][:4] == [5.0, 9.0, 13.0, 17.0]
+    assert run.by_id("b").arrival_ms == 9.0  # its TTFT counts from the client's send
+
+
+def test_a_request_sent_to_an_idle_engine_takes_frontend_ms_only():
+    # a sent to an idle engine (at 0), and b after a has finished (at 40): neither waits more
+    assert token_times(0.0, b_at=40.0, busy=5.0) == token_times(0.0, b_at=40.0)
 
 
 def test_busy_spans_queue_behind_each_other():
@@ -75,7 +93,17 @@ def _no_queueing(mp):
     mp.setattr(shared_core, "busy_spans", lambda sends, stall: [(s, s + stall) for s in sorted(sends)])
 
 
+def _busy_ignored(mp):
+    mp.setattr(shared_core.BusyFrontendArrivals, "_extra", lambda self, request: 0.0)
+
+
+def _busy_always(mp):
+    mp.setattr(shared_core.BusyFrontendArrivals, "_extra", lambda self, request: self.busy_ms)
+
+
 PLANTS = {
+    "busy-frontend-ignored": (_busy_ignored, test_a_request_sent_while_the_engine_steps_is_seen_busy_ms_later),
+    "busy-frontend-when-idle": (_busy_always, test_a_request_sent_to_an_idle_engine_takes_frontend_ms_only),
     "stall-ignored": (_no_stretch, test_the_forward_an_arrival_overlaps_is_stretched_by_its_stall),
     "idle-engine-stalled": (_stall_when_idle, test_an_idle_engine_is_not_stalled),
     "spans-overlap": (_no_queueing, test_busy_spans_queue_behind_each_other),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -200,6 +201,7 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     per_token = out.cost.get("prefill_per_token_ms", profile.get("prefill_per_token_ms"))
     prompt_forward(out, timed, alone, float(per_token or 0.0))
     _fit_prefill(out, timed, alone, lone)
+    busy_frontend(out, beside_frontends(server, scrape))
     return out.params, {"vllm": out.lines}, out.cost
 
 
@@ -260,6 +262,46 @@ def prompt_forward(out: VllmFit, before: Mapping[str, float], after: Mapping[str
              f"from scheduled to first token in vLLM (mean), less their {tokens:.0f}-token prompts at "
              f"{per_token_ms:g} ms a token; a prompt beside decode rows is in their forward "
              "(shared_prefill_fixed_ms 0)")
+
+
+def beside_frontends(server: Server, scrape: Callable[[], dict[str, float] | None],
+                     num_requests: int = 6) -> list[float]:
+    """The frontend part of TTFT for requests sent while the engine is in a step: two long streams
+    decode, a third short request is sent 60 ms after them, and its client TTFT less its own queue +
+    prefill time in vLLM (the one request that finished between the scrapes either side of it: vLLM
+    books those times when a request finishes). A pair whose scrapes count another is dropped."""
+    out = []
+    with ThreadPoolExecutor(1) as pool:
+        for i in range(num_requests):
+            streams = [server.body(text_prompt(16, f"beside:{i}:{j}:{time.monotonic_ns()}"), 96, False) for j in (0, 1)]
+            before = folded(scrape() or {})
+            running = pool.submit(server.together, streams)
+            time.sleep(0.06)
+            got = server.collect(server.body(text_prompt(16, f"beside:{i}:third:{time.monotonic_ns()}"), 8, False))
+            after = folded(scrape() or {})
+            running.result()
+            delta = {n: after.get(n, 0.0) - before.get(n, 0.0) for n in after}
+            times, _ = arrivals_ms(got)
+            if delta.get("vllm:request_prefill_time_seconds_count") == 1 and times:
+                engine = 1e3 * (delta.get("vllm:request_queue_time_seconds_sum", 0.0)
+                                + delta.get("vllm:request_prefill_time_seconds_sum", 0.0))
+                out.append(times[0] - engine)
+    return out
+
+
+def busy_frontend(out: VllmFit, beside: list[float]) -> None:
+    """frontend_busy_ms: what a request sent while the engine is in a step takes before vLLM sees
+    it beyond a lone one's `frontend_ms` (its API server waits for the engine's core), the median
+    over `beside_frontends`; 0 and said so without a lone figure or a kept pair."""
+    lone = out.params.get("frontend_ms")
+    if lone is None or not beside:
+        out.note(f"frontend_busy_ms not measured: {len(beside)} requests sent beside decoding streams kept")
+        return
+    extra = float(np.median(beside)) - float(lone)  # type: ignore[arg-type]
+    out.params["frontend_busy_ms"] = round(max(extra, 0.0), 3)
+    out.note(f"frontend_busy_ms {out.params['frontend_busy_ms']}: {len(beside)} requests sent while two others "
+             f"decode took {float(np.median(beside)):.2f} ms (median; "
+             + ", ".join(f"{ms:.1f}" for ms in beside) + f") before vLLM saw them, a lone one {lone} ms")
 
 
 def probe_ttfts(server: Server, num_requests: int = 6) -> list[float]:
