@@ -150,14 +150,14 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     for request in requests if frontend else ():  # open loop: each reaches the scheduler that much later ...
         request.arrival_ms += frontend
     if steps:
-        arrivals = BusyFrontendArrivals(requests, frontend, busy, steps)
+        arrivals = BusyFrontendArrivals(requests, sends, busy, steps)
     try:
         wake = twin.wake_ms if twin else 0.0  # each streamed token's wake of the other requests' HTTP threads
         on_tick = wake_charge(scheduler, charged, wake) if wake else None
         result = Engine(scheduler, backend, clock, on_event=record, on_tick=on_tick).run(arrivals, keep_events=False)
     finally:
         for request in requests if frontend or busy else ():  # ... and its TTFT counts from when the client sent it
-            request.arrival_ms = sends[request.id]
+            request.arrival_ms = sends[request.id]  # (a closed loop's arrivals are set as it runs: kept)
     return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
                token_times, result.ticks, scheduler, backend)
 

@@ -1,11 +1,13 @@
 """A frontend sharing the engine's core: each arrival's frontend work holds the core from its send,
 and a forward that overlaps it finishes that much later (the frontend first: its work is short and
-the OS schedules the waking process), computed from the open-loop send times alone."""
+the OS schedules the waking process), computed from the open-loop send times alone; and a request
+sent while the engine is in a step reaches it later than one sent to an idle engine (its frontend
+waits for the core), decided as the steps are charged."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from coopsched.core import Request
 from coopsched.engine import Arrivals
@@ -91,17 +93,18 @@ class BusyClock:
 
 
 class BusyFrontendArrivals(Arrivals):
-    """Open-loop arrivals (already `frontend_ms` late) whose frontend takes `busy_ms` more when its
-    request was sent while the engine was in a step (a frontend on the engine's core waits for it):
-    the head's arrival is decided once the steps up to its send are charged. Requests keep their
-    send order (one frontend queue: a later request does not overtake an earlier one)."""
+    """Open-loop arrivals (already `frontend_ms` after their `sends_ms`) whose frontend takes
+    `busy_ms` more when the request was sent while the engine was in a step (a frontend on the
+    engine's core waits for it): the head's arrival is decided once the steps up to its send are
+    charged. Requests keep their send order (one frontend queue: none overtakes an earlier one)."""
 
-    def __init__(self, requests: Iterable[Request], frontend_ms: float, busy_ms: float, steps: BusyClock) -> None:
-        self.frontend_ms, self.busy_ms, self.steps = frontend_ms, busy_ms, steps
+    def __init__(self, requests: Iterable[Request], sends_ms: Mapping[str, float], busy_ms: float,
+                 steps: BusyClock) -> None:
+        self.sends_ms, self.busy_ms, self.steps = sends_ms, busy_ms, steps
         super().__init__(requests)
 
     def _extra(self, request: Request) -> float:
-        return self.busy_ms if self.steps.in_step(request.arrival_ms - self.frontend_ms) else 0.0
+        return self.busy_ms if self.steps.in_step(self.sends_ms[request.id]) else 0.0
 
     def next_ms(self) -> float:
         head = self._heap[0][2]
