@@ -59,9 +59,9 @@ def target_run(url: str, tmp_path: Path, timeout_s: float = 900) -> tuple[dict, 
 
 
 def locust_run(url: str, tmp_path: Path) -> tuple[dict, dict, Path]:
-    """The concurrency2 locust file for 5 s against URL: its figures, its whole report and the report's path."""
-    report_path = tmp_path / "locust.json"
-    report_path.unlink(missing_ok=True)
+    """The concurrency2 locust file for 5 s against URL: its figures, its whole report and the report's
+    path (a new one each run, so a run whose verdict disagrees keeps its report in the test's tmp dir)."""
+    report_path = tmp_path / f"locust-{len(list(tmp_path.glob('locust-*.json')))}.json"
     proc = subprocess.run(on_cpus(CLIENT_CPUS, [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary", "-t", "5s",
         "--host", url, "--report-json", str(report_path)]), capture_output=True, text=True, timeout=600,
