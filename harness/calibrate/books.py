@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from harness.live.client import folded
+
 DECODES, BUSY = "llamacpp:n_decode_total", "llamacpp:n_busy_slots_per_decode"
 DRAFTS, DRAFT_TOKENS = "llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total"
 
@@ -53,10 +55,11 @@ def _vllm_books(before: Mapping[str, float], after: Mapping[str, float]) -> dict
     """Steps are those that emitted a token (a step that only prefilled part of a prompt is not
     observed); a step's tokens are the prompt tokens it computed and the tokens it emitted. Without
     a speculative config vLLM serves no draft counters: none drafted."""
+    old, new = folded(before), folded(after)
     count = f"{VLLM_STEPS}_count"
-    if not any(_bare(name) == count for name in before) or not any(_bare(name) == count for name in after):
+    if count not in old or count not in new:
         return None
-    delta = {key: _summed(after, name) - _summed(before, name) for key, name in
+    delta = {key: new.get(name, 0.0) - old.get(name, 0.0) for key, name in
              {"steps": count, "tokens": f"{VLLM_STEPS}_sum", "emitted": VLLM_GENERATED,
               "gaps": f"{VLLM_ITL}_count", "gap_s": f"{VLLM_ITL}_sum", **VLLM_SPEC}.items()}
     gaps, gap_ms = delta.pop("gaps"), delta.pop("gap_s") * 1e3
@@ -69,15 +72,6 @@ def _vllm_row(steps: float, tokens: float, emitted: float, step_ms: float | None
     stamped by its engine core: what a step costs as its rows see it, HTTP left out)."""
     return {"steps": steps, "tokens_per_step": tokens / steps if steps else None,
             "emitted_per_step": emitted / steps if steps else None, "step_ms": step_ms, **drafts}
-
-
-def _summed(samples: Mapping[str, float], bare: str) -> float:
-    """A metric's samples summed over their labels (vLLM labels each by engine and model)."""
-    return float(sum(v for name, v in samples.items() if _bare(name) == bare))
-
-
-def _bare(name: str) -> str:
-    return name.partition("{")[0]
 
 
 def tick_counts(samples: Mapping[str, float]) -> dict[tuple[str, int], list[float]]:

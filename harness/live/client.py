@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,16 +90,22 @@ def spec_counters(samples: dict[str, float] | None) -> dict[str, float] | None:
     """{drafts, draft_tokens, accepted} from a scrape (label sets summed), or None when it has none."""
     if not samples:
         return None
-    folded: dict[str, float] = {}
-    for name, value in samples.items():
-        bare = name.split("{", 1)[0]
-        folded[bare] = folded.get(bare, 0.0) + value
-    if SPEC_COUNTERS["drafts"] in folded:
-        return {key: folded.get(name) for key, name in SPEC_COUNTERS.items()}
-    if OWN_ROUNDS in folded:
-        rounds = folded[OWN_ROUNDS]
-        return {"drafts": rounds, "draft_tokens": folded.get(OWN_DRAFTED, 0.0) + rounds, "accepted": None}
+    summed = folded(samples)
+    if SPEC_COUNTERS["drafts"] in summed:
+        return {key: summed.get(name) for key, name in SPEC_COUNTERS.items()}
+    if OWN_ROUNDS in summed:
+        rounds = summed[OWN_ROUNDS]
+        return {"drafts": rounds, "draft_tokens": summed.get(OWN_DRAFTED, 0.0) + rounds, "accepted": None}
     return None
+
+
+def folded(samples: Mapping[str, float] | None) -> dict[str, float]:
+    """A scrape with every label set summed per metric name (vLLM labels each by engine and model)."""
+    out: dict[str, float] = {}
+    for name, value in (samples or {}).items():
+        bare = name.split("{", 1)[0]
+        out[bare] = out.get(bare, 0.0) + value
+    return out
 
 
 def settled(scrape: Callable[[], T | None], settle_s: float = 0.05, timeout_s: float = 3.0) -> T | None:

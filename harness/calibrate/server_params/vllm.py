@@ -15,6 +15,7 @@ import numpy as np
 from harness.calibrate import fit
 from harness.calibrate.target import Server, arrivals_ms, text_prompt
 from harness.live import client
+from harness.live.client import folded
 
 from .context import context_slope, mean_cached
 from .kinds import Fitted, Say
@@ -41,15 +42,6 @@ class VllmFit:
     def note(self, line: str) -> None:
         self.lines.append(line)
         self.say(f"vllm: {line}")
-
-
-def folded(samples: Mapping[str, float] | None) -> dict[str, float]:
-    """A scrape with every label set summed per metric name."""
-    out: dict[str, float] = {}
-    for name, value in (samples or {}).items():
-        bare = name.split("{", 1)[0]
-        out[bare] = out.get(bare, 0.0) + value
-    return out
 
 
 def spec_positions(samples: Mapping[str, float] | None) -> int:
