@@ -18,6 +18,8 @@ from harness.live.client import folded
 
 DECODES, BUSY = "llamacpp:n_decode_total", "llamacpp:n_busy_slots_per_decode"
 DRAFTS, DRAFT_TOKENS = "llamacpp:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_draft_tokens_total"
+# booked as each request ends: its tokens, and its time from the prompt's end (its first token) to its last token
+PREDICTED, PREDICTED_SECONDS = "llamacpp:tokens_predicted_total", "llamacpp:tokens_predicted_seconds_total"
 
 TICKS, TICK_SECONDS = "coopsched_ticks_total", "coopsched_tick_seconds_total"
 ENGINE_BUSY = "coopsched_engine_busy_seconds_total"
@@ -42,13 +44,18 @@ def server_books(before: Mapping[str, float] | None, after: Mapping[str, float] 
 
 def _llama_books(before: Mapping[str, float], after: Mapping[str, float]) -> dict | None:
     """Its busy slots per decode is a running mean over every decode since it started: the run's own
-    mean is undone from the two."""
+    mean is undone from the two. `gen_token_ms`: the requests' generation time on the server's clock
+    (each one's first token to its last) over their tokens, so HTTP delivery is left out; None
+    from a server that does not book it."""
     if any(n not in before or n not in after for n in (DECODES, BUSY, DRAFTS, DRAFT_TOKENS)):
         return None
     steps = after[DECODES] - before[DECODES]
     busy = after[BUSY] * after[DECODES] - before[BUSY] * before[DECODES]
+    tokens = after.get(PREDICTED, 0.0) - before.get(PREDICTED, 0.0)
+    gen_s = after.get(PREDICTED_SECONDS, 0.0) - before.get(PREDICTED_SECONDS, 0.0)
     return {"steps": steps, "busy_per_step": busy / steps if steps else None,
-            "drafts": after[DRAFTS] - before[DRAFTS], "draft_tokens": after[DRAFT_TOKENS] - before[DRAFT_TOKENS]}
+            "drafts": after[DRAFTS] - before[DRAFTS], "draft_tokens": after[DRAFT_TOKENS] - before[DRAFT_TOKENS],
+            "gen_token_ms": gen_s * 1e3 / tokens if tokens > 0 and PREDICTED_SECONDS in after else None}
 
 
 def _vllm_books(before: Mapping[str, float], after: Mapping[str, float]) -> dict | None:
@@ -125,8 +132,8 @@ def _tick_books(ticks: Mapping[tuple[str, int], list[float]], busy_ms: float) ->
 
 def twin_books(run, kind: str = "llama.cpp") -> dict:
     """The same books of one twin run (runner.execute's result). For llama.cpp: its working steps,
-    rows per step, verify rows (one draft each, as llama-server counts a slot's draft) and drafted
-    tokens; for coopsched: its ticks by kind, rows and priced ms, and their sum; for vLLM: its steps,
+    rows per step, verify rows (one draft each, as llama-server counts a slot's draft), drafted
+    tokens and its requests' time per token from first to last (as the server books it); for coopsched: its ticks by kind, rows and priced ms, and their sum; for vLLM: its steps,
     the prompt and emitted tokens a step, and its verify rows' drafts (a vLLM draft is one row's
     proposals in one step)."""
     worked = [t for t in run.ticks if t.kind.value not in FREE]
@@ -143,11 +150,14 @@ def twin_books(run, kind: str = "llama.cpp") -> dict:
             cell = ticks.setdefault((t.kind.value, len(t.request_ids)), [0.0, 0.0])
             cell[0], cell[1] = cell[0] + 1, cell[1] + t.end_ms - t.start_ms
         return _tick_books(ticks, sum(ms for _, ms in ticks.values()))
+    spans = [(max(times) - min(times), len(times)) for times in run.token_times.values() if times]
+    tokens = sum(n for _, n in spans)
     return {"steps": len(worked), "busy_per_step": sum(len(t.request_ids) for t in worked) / len(worked)
-            if worked else None, "drafts": obs.rounds, "draft_tokens": obs.drafted_tokens}
+            if worked else None, "drafts": obs.rounds, "draft_tokens": obs.drafted_tokens,
+            "gen_token_ms": sum(ms for ms, _ in spans) / tokens if tokens else None}
 
 
-SAME_STEPS = 0.15  # vLLM: steps compare when the twin's emit as many tokens a step as the server's, within this
+SAME_STEPS = 0.15  # steps compare when the twin's hold as many rows (tokens, drafts) as the server's, within this
 SINGLE_ROW = ("admit", "slice0", "round")  # ticks of one row: their price does not move with the batch
 
 
@@ -155,7 +165,9 @@ def price_drift(live: Mapping[str, float | None], twin: Mapping[str, float | Non
     """How far the server's own steps cost from the twin's prices of them in the same runs. For
     coopsched, its one-row ticks (admit, slice 0, round): the geometric mean of live / twin - 1 over
     the kinds both books hold; for vLLM, a row's step to step time, when the twin's steps emit as
-    many tokens as the server's (steps of other sizes differ by the schedule). The calibration
+    many tokens as the server's (steps of other sizes differ by the schedule); for llama.cpp, the
+    generation time a token on the server's clock, when the twin's steps hold as many busy slots and
+    draft as often as the server's (tokens a round move the time a token too). The calibration
     priced those steps, so a drift beyond the tolerances says the server's speed moved between
     calibration and check (a shared machine's does, by half on 2026-12-03) and that the held-out rows
     measure the move as much as the twin; None when no price is in both."""
@@ -164,8 +176,20 @@ def price_drift(live: Mapping[str, float | None], twin: Mapping[str, float | Non
         if not rows or not twin_rows or abs(twin_rows / rows - 1) > SAME_STEPS:
             return None  # steps of other sizes: their times differ by the schedule, not the price
         return float(live["step_ms"] / twin["step_ms"]) - 1  # type: ignore[operator]
+    if live.get("gen_token_ms") and twin.get("gen_token_ms"):
+        alike = [(live.get("busy_per_step"), twin.get("busy_per_step")), (live.get("drafts"), twin.get("drafts"))]
+        if not alike[0][0] or any(not _alike(a, b) for a, b in alike):
+            return None
+        return float(live["gen_token_ms"] / twin["gen_token_ms"]) - 1  # type: ignore[operator]
     ratios = [live[f"{k}_ms"] / twin[f"{k}_ms"] for k in SINGLE_ROW if live.get(f"{k}_ms") and twin.get(f"{k}_ms")]
     return float(np.exp(np.mean(np.log(ratios)))) - 1 if ratios else None
+
+
+def _alike(live: float | None, twin: float | None) -> bool:
+    """Two counts within SAME_STEPS of each other (both 0 is alike; one missing is not)."""
+    if live is None or twin is None:
+        return False
+    return live == twin or (live > 0 and abs(twin / live - 1) <= SAME_STEPS)
 
 
 def mean_books(runs: Sequence[dict | None]) -> dict | None:

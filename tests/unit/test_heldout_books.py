@@ -25,7 +25,33 @@ SCRAPE = {books.DECODES: 10, books.BUSY: 1.0, books.DRAFTS: 4, books.DRAFT_TOKEN
 def test_server_books_undo_the_running_average_of_busy_slots():
     after = {books.DECODES: 30, books.BUSY: 2.0, books.DRAFTS: 24, books.DRAFT_TOKENS: 70}
     assert books.server_books(SCRAPE, after) == {"steps": 20, "busy_per_step": 2.5, "drafts": 20,
-                                                 "draft_tokens": 58}
+                                                 "draft_tokens": 58, "gen_token_ms": None}
+
+
+def test_llama_servers_generation_time_a_token_is_its_own_clocks():
+    before = {**SCRAPE, books.PREDICTED: 100, books.PREDICTED_SECONDS: 0.5}
+    after = {books.DECODES: 30, books.BUSY: 2.0, books.DRAFTS: 24, books.DRAFT_TOKENS: 70,
+             books.PREDICTED: 300, books.PREDICTED_SECONDS: 1.1}
+    assert books.server_books(before, after)["gen_token_ms"] == pytest.approx(600 / 200)
+
+
+def test_a_llama_twins_generation_time_a_token_is_its_first_to_last_token():
+    from types import SimpleNamespace
+
+    obs = SimpleNamespace(rounds=0, drafted_tokens=0)
+    run = SimpleNamespace(ticks=[], scheduler=SimpleNamespace(obs=obs),
+                          token_times={"a": [10.0, 12.0, 12.0, 16.0], "b": [20.0, 30.0], "c": []})
+    # (6 + 10) ms over 4 + 2 tokens, as llama-server books it: the span from each first token over its tokens
+    assert books.twin_books(run)["gen_token_ms"] == pytest.approx(16 / 6)
+
+
+def test_llamas_drift_is_its_time_a_token_when_the_steps_and_drafts_are_alike():
+    twin = {"steps": 100, "busy_per_step": 2.0, "drafts": 50, "draft_tokens": 150, "gen_token_ms": 2.0}
+    assert books.price_drift({**twin, "busy_per_step": 2.2, "gen_token_ms": 3.0}, twin) == pytest.approx(0.5)
+    assert books.price_drift({**twin, "drafts": 0, "draft_tokens": 0}, {**twin, "drafts": 0}) == pytest.approx(0.0)
+    assert books.price_drift({**twin, "busy_per_step": 2.6, "gen_token_ms": 3.0}, twin) is None  # fuller steps
+    assert books.price_drift({**twin, "drafts": 70, "gen_token_ms": 3.0}, twin) is None  # other rounds
+    assert books.price_drift({**twin, "gen_token_ms": None}, twin) is None  # a server that books no time
 
 
 def test_a_server_without_the_counters_keeps_no_books():
