@@ -158,19 +158,57 @@ def test_a_three_row_step_is_timed_not_drawn_between_two_and_four(monkeypatch):
 
 
 @pytest.mark.parametrize("passes, join, want", [
-    pytest.param([(100.0, 124.0), (101.0, 130.0), (99.0, 123.0)], 1.5, 1.5, id="excess-over-the-join"),
+    pytest.param([(100.0, 124.0, 8), (101.0, 130.0, 8), (99.0, 123.0, 8)], 1.5, 1.5, id="excess-over-the-join"),
     # measured: the server's work per arrival grew between passes (its prompt cache fills up)
-    pytest.param([(179.27, 189.64), (184.81, 267.31), (213.05, 265.59)], 2.129, 4.4385, id="paired-not-pooled"),
-    pytest.param([(100.0, 104.0)], 1.0, 0.0, id="joins-cost-what-the-twin-charges"),
+    pytest.param([(179.27, 189.64, 8), (184.81, 267.31, 8), (213.05, 265.59, 8)], 2.129, 4.4385,
+                 id="paired-not-pooled"),
+    pytest.param([(100.0, 104.0, 8)], 1.0, 0.0, id="joins-cost-what-the-twin-charges"),
+    # measured 2026-12-07: 2.6 ms more with 8 arrivals 10 ms apart, 3 of them before a 35 ms stream's end
+    pytest.param([(35.32, 37.93, 3)], 0.562, 0.308, id="only-the-arrivals-that-landed"),
 ])
 def test_an_arrivals_stall_is_the_streams_excess_less_its_priced_prompt(passes, join, want):
-    # 8 arrivals: the median over passes of (with - alone) / 8, less the join
-    ms, line = arrival_stall(passes, 8, join)
-    assert ms == pytest.approx(want, abs=1e-4) and f"{join:.3f} ms the twin charges" in line
+    # the median over passes of (with - alone) / arrivals during the stream, less the join
+    ms, line = arrival_stall(passes, join)
+    assert ms == pytest.approx(want, abs=1e-3) and f"{join:.3f} ms the twin charges" in line
+
+
+class StallServer:
+    """A llama-server whose stream costs `step_ms` a token, stretched by `stall_ms` for each request
+    sent before its last token (a one-token arrival's whole work); an arrival after it costs nothing."""
+    url = "http://planted"
+
+    def __init__(self, step_ms: float, stall_ms: float) -> None:
+        self.step_ms, self.stall_ms = step_ms, stall_ms
+
+    def body(self, prompt: str, max_tokens: int, speculative: bool) -> dict:
+        return {"prompt": prompt, "max_tokens": max_tokens}
+
+    def together(self, bodies, offsets=None):
+        offsets = list(offsets or [0.0] * len(bodies))
+        end = bodies[0]["max_tokens"] * self.step_ms
+        for off in sorted(offsets[1:]):
+            end += self.stall_ms if off < end else 0.0
+        n = bodies[0]["max_tokens"]
+        stream = [Arrival(int(end * (i + 1) / n * 1e6), 1, None, "x", None, None, {}) for i in range(n)]
+        stream[-1].event = {"timings": {"predicted_ms": end, "predicted_n": n}}
+        arrivals = [Collected(int(off * 1e6), [Arrival(int((off + 1) * 1e6), 1, None, "x", None, None, {
+            "timings": {"prompt_n": 16, "predicted_n": 1}})]) for off in offsets[1:]]
+        return [Collected(0, stream), *arrivals]
+
+
+@pytest.mark.parametrize("step_ms", [pytest.param(0.1, id="fast-stream"), pytest.param(1.0, id="slow-stream")])
+def test_the_stall_probe_spreads_its_arrivals_over_the_stream(step_ms):
+    # a 0.1 ms step makes a 25.6 ms stream: arrivals 10 ms apart would mostly come after it, and a
+    # probe dividing by all 8 read 2 x 0.9 / 8 = 0.225 ms an arrival, under the join: a stall of 0
+    cost = CostModel()
+    join = cost.prefill_batch([(16, False)])
+    ms, line = llamacpp.stall_probe(StallServer(step_ms, join + 0.9), cost, False)
+    assert ms == pytest.approx(0.9, abs=1e-3) and "with 8 arrived" in line
 
 
 def test_no_timed_stream_gives_no_stall():
-    assert arrival_stall([], 8, 1.0)[0] == 0.0
+    assert arrival_stall([], 1.0)[0] == 0.0
+    assert arrival_stall([(35.0, 35.0, 0)], 1.0)[0] == 0.0  # every arrival came after the stream
 
 
 @pytest.mark.parametrize("passes, want", [
