@@ -133,7 +133,8 @@ def _tick_books(ticks: Mapping[tuple[str, int], list[float]], busy_ms: float) ->
 def twin_books(run, kind: str = "llama.cpp") -> dict:
     """The same books of one twin run (runner.execute's result). For llama.cpp: its working steps,
     rows per step, verify rows (one draft each, as llama-server counts a slot's draft), drafted
-    tokens and its requests' time per token from first to last (as the server books it); for coopsched: its ticks by kind, rows and priced ms, and their sum; for vLLM: its steps,
+    tokens and its requests' time a token from first to last (as the server books it); for
+    coopsched: its ticks by kind, rows and priced ms, and their sum; for vLLM: its steps,
     the prompt and emitted tokens a step, and its verify rows' drafts (a vLLM draft is one row's
     proposals in one step)."""
     worked = [t for t in run.ticks if t.kind.value not in FREE]
