@@ -27,10 +27,12 @@ FUSED_PADDINGS = ("ragged", "padded", "split")
 
 
 def _interp(points: list[list[float]], x: float) -> float:
-    """Piecewise linear through the points, extended linearly past the last one."""
+    """Piecewise linear through the points, extended linearly past the last one, never downward: a
+    profile whose last two points fall (a noisy fit) priced 25 rows under 8 and a twin's capacity
+    at 2.8x its server's."""
     xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
     if len(xs) > 1 and x > xs[-1]:
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         return float(ys[-1] + slope * (x - xs[-1]))
     return float(np.interp(x, xs, ys))
 

@@ -236,3 +236,32 @@ def test_a_probe_that_timed_nothing_prices_no_context():
             from harness.live.client import Collected
             return [Collected(0, []) for _ in bodies]
     assert mlxlm.context_probe(Silent(0.001))[0] == 0.0
+
+
+# -- the decode line past the calibration's 8 rows: the concurrency probe's wide step -------------------
+def test_the_wide_step_is_each_streams_time_a_token_while_all_rows_decode():
+    # 3 streams, one token every 2 ms each while all three decode (5-45 ms), every 1 ms outside that
+    a = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] + [5.0 + 2 * i for i in range(1, 21)] + [46.0, 47.0]
+    b = [5.0 + 2 * i for i in range(21)]
+    c = [5.0 + 2 * i for i in range(10)] + [23.0, 23.0] + [23.0 + 2 * i for i in range(1, 12)]  # a bunched pair
+    streams = [(a, 16.0), (b, 16.0), (c, 16.0)]
+    spans = [(t[0], t[-1]) for t, _ in streams]
+    ms, cached = mlxlm.wide_step(streams, spans, 3)
+    assert ms == pytest.approx(2.0, abs=0.1) and cached > 16.0
+    assert mlxlm.wide_step(streams, spans, 4) is None  # never 4 at once
+
+
+def test_the_wide_step_extends_the_decode_line_and_more_rows_never_cost_less():
+    # measured 2026-12-07 on mlx_lm.server: B = 6-8 flat at 2.3 ms, less the context share, fell; 25 rows took 9 ms
+    points = [[1, 0.82], [4, 1.43], [6, 2.34], [7, 2.33], [8, 2.32]]
+    got = mlxlm.decode_points(points, 0.000379, 38.0, [25, 9.0, 120.0])
+    ys = [ms for _, ms in got]
+    assert [b for b, _ in got] == [1, 4, 6, 7, 8, 25] and ys == sorted(ys)
+    assert got[-1][1] == pytest.approx(9.0 - 0.000379 * 25 * 120, abs=1e-4)
+    assert CostModel(decode_ms=got).decode(16) > CostModel(decode_ms=got).decode(8)
+    assert mlxlm.decode_points(points, 0.0, 38.0, None) == points  # nothing to change
+
+
+def test_a_falling_last_segment_is_not_extended_downward():
+    cost = CostModel(decode_ms=[[1, 0.8], [7, 2.33], [8, 2.20]])
+    assert cost.decode(25) == pytest.approx(2.20)  # the old extension priced 25 rows at nothing: 2.20 - 17 x 0.13

@@ -54,9 +54,11 @@ def fit_mlx_lm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     say(f"mlx-lm: {evidence['waves']['says']}")
     slope, short_cached, evidence["context"] = context_probe(server)
     say(f"mlx-lm: {evidence['context']['says']}")
+    decode = decode_points(profile["decode_ms"], slope, short_cached, evidence["concurrency"]["wide_step"])
+    if decode != profile["decode_ms"]:
+        cost.update(decode_ms=decode)
     if slope:
-        cost.update(context_per_token_ms=round(slope, 7), decode_ms=[
-            [b, round(max(ms - slope * b * short_cached, 0.0), 4)] for b, ms in profile["decode_ms"]])
+        cost.update(context_per_token_ms=round(slope, 7))
     params = {"draft_model": False, "wave_ms": wave}
     params.update({k: v for k, v in (("decode_concurrency", cap), ("prompt_concurrency", prompt)) if v})
     return params, evidence, cost
@@ -107,6 +109,20 @@ def round_from_streams(streams: dict, serial: dict, profile: dict) -> tuple[dict
             "cached token a position")
     return {"round_ms": [[k, round_ms]], "verify_ms": [[1, round_ms], [k, round_ms]],
             "context_per_token_ms": per_position}, says
+
+
+def decode_points(points: Sequence[Sequence[float]], slope: float, cached: float,
+                  wide: Sequence[float] | None) -> list[list[float]]:
+    """The timing fit's decode points (timed at about `cached` tokens a row), and the concurrency
+    probe's wide step (rows, ms, its own cached tokens) past them, each less its rows' share of the
+    context term; one non-decreasing line, as more rows never cost less."""
+    priced = [(b, ms - slope * b * cached) for b, ms in points]
+    if wide and wide[0] > priced[-1][0]:
+        rows, ms, wide_cached = wide
+        priced.append((rows, ms - slope * rows * wide_cached))
+    if not slope and len(priced) == len(points):
+        return [list(p) for p in points]
+    return [[b, round(max(ms, 0.0), 4)] for (b, _), ms in zip(priced, fit.monotone([ms for _, ms in priced]))]
 
 
 def rows_step(server: Server, rows: int, chars: int, key: str) -> tuple[float, float] | None:
@@ -230,26 +246,48 @@ def serial_probe(server: Server, step_ms: float) -> tuple[bool, dict]:
 
 def concurrency_probe(server: Server, step_ms: float, batch_step_ms: float) -> tuple[int | None, int | None, dict]:
     """A long request, then CAP_STREAMS more just after it (so they join it together, in one wave):
-    the most streams decoding at once (the decode cap, when under all of them) and how many first
-    tokens come out of one step (the prefill batch)."""
+    the most streams decoding at once (the decode cap, when under all of them), how many first
+    tokens come out of one step (the prefill batch), and the step while that many decode together
+    (`wide_step`: the calibration's own points stop at 8 rows, and the server batches up to its cap)."""
     tokens = int(CAP_LONG_MS / max(batch_step_ms, 0.5))
     bodies = [server.body(text_prompt(16, "cap:anchor"), int(2 * SERIAL_LONG_MS / max(step_ms, 0.5)), False)]
     bodies += [server.body(text_prompt(16, f"cap:{i}"), tokens, False) for i in range(CAP_STREAMS)]
     outs = server.together(bodies, [0.0] + [SERIAL_DELAY_MS + CAP_EVERY_MS * i for i in range(CAP_STREAMS)])
     origin = min(o.sent_ns for o in outs)
-    spans = [(t[0], t[-1]) for t in ([x + (o.sent_ns - origin) / 1e6 for x in _times(o)] for o in outs) if t]
+    streams = [(t, float((o.usage or {}).get("prompt_tokens") or 16))
+               for t, o in (([x + (o.sent_ns - origin) / 1e6 for x in _times(o)], o) for o in outs) if t]
+    spans = [(t[0], t[-1]) for t, _ in streams]
     most = max(sum(first <= t <= last for first, last in spans) for t, _ in spans)
     cap = most if most < len(spans) else None
     firsts = sorted(first for first, _ in spans[1:])
     sizes = cluster_sizes(firsts, max(0.5 * step_ms, 0.5))
     # the largest group: once a decode cap binds, rows join one or two at a time as others finish
     prompt = max(sizes) if len(sizes) > 1 else None
+    wide = wide_step(streams, spans, most)
     says = (f"{len(spans) - 1} requests sent just after a long one: at most {most} of the {len(spans)} decoded at "
             "once " + ("(the decode cap)" if cap else f"(no cap under {len(spans)}: the default is kept)")
             + f"; their first tokens came {len(sizes)} steps in groups of {sizes}"
-            + (f" (prefill batch {prompt})" if prompt else " (one group: the prefill batch is not seen)"))
+            + (f" (prefill batch {prompt})" if prompt else " (one group: the prefill batch is not seen)")
+            + (f"; while {most} decoded together a step took {wide[0]:.3f} ms ({wide[1]:.0f} tokens cached a row)"
+               if wide else ""))
     return cap, prompt, {"streams": len(spans), "most_decoding": most, "first_token_groups": sizes,
-                         "says": says}
+                         "wide_step": [most, *wide] if wide else None, "says": says}
+
+
+def wide_step(streams: Sequence[tuple[list[float], float]], spans: Sequence[tuple[float, float]],
+              rows: int) -> tuple[float, float] | None:
+    """(ms a step, mean cached tokens a row) while `rows` streams decoded together: each stream's
+    time between its tokens over the tokens, counting only the gaps that every one of those rows
+    spanned (a stream's tokens are each a step; a bunched delivery costs nothing and counts its
+    tokens), the median over the streams; its rows held their prompt and the tokens so far."""
+    per_stream, cached = [], []
+    for times, prompt_n in streams:
+        gaps = [(b - a, prompt_n + j) for j, (a, b) in enumerate(itertools.pairwise(times), start=1)
+                if sum(first <= a and b <= last for first, last in spans) >= rows]
+        if len(gaps) > 1:
+            per_stream.append(sum(ms for ms, _ in gaps) / len(gaps))
+            cached += [c for _, c in gaps]
+    return (float(np.median(per_stream)), float(np.mean(cached))) if per_stream else None
 
 
 def cluster_sizes(times: Sequence[float], gap_ms: float) -> list[int]:
