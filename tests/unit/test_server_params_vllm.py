@@ -239,3 +239,18 @@ def test_a_busy_frontend_is_the_beside_requests_median_beyond_a_lone_ones():
     unmeasured = sp.VllmFit(lambda line: None)
     sp.busy_frontend(unmeasured, [])
     assert "frontend_busy_ms" not in unmeasured.params and "not measured" in unmeasured.lines[-1]
+
+
+@pytest.mark.parametrize("k, share, want", [
+    pytest.param(0, 1.0, 1.0, id="no-speculation"),
+    pytest.param(4, 1.0, 5.0, id="a-drafter-proposes-every-step"),
+    pytest.param(4, 0.389, 2.556, id="ngram-where-its-lookup-matches"),
+])
+def test_a_context_slope_is_spread_over_the_positions_its_probes_verified(k, share, want):
+    width = sp.row_step_positions(k, share)
+    assert width == pytest.approx(want)
+    # the twin charges a proposing row-step 1 + K positions and the others 1: at the probes' share its
+    # mean charge a row-step is the measured slope again
+    slope = 0.000596
+    mean = share * (1 + k) * slope / width + (1 - share) * slope / width
+    assert mean == pytest.approx(slope)

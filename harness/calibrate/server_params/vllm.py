@@ -73,6 +73,15 @@ def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float],
                            f"{per_proposal:.3f} tokens a proposing row-step -> accept_prob {accept:.4f} at K={k}")
 
 
+def row_step_positions(k: int, share: float) -> float:
+    """The mean positions a row-step verified in the probes a context slope is measured over: 1, plus
+    K where the proposer drafted (ngram drafts only where its lookup matches, `share` of row-steps). A
+    slope per row-step over this is the twin's price a position: dividing by 1 + K priced a measured
+    0.39 share's context at 2026-12-07's calibration and the other row-steps' at a fifth of it, and
+    the twin's steps ran 10-13% under the server's."""
+    return 1 + k * share
+
+
 def concurrency_cap(server: Server, num_requests: int = VLLM_PROBE_REQUESTS) -> tuple[int | None, str]:
     """How many requests the server runs at once: `num_requests` sent together, those whose first token
     came before any request finished were running together; None when all of them did (no cap seen)."""
@@ -170,14 +179,16 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     timed = folded(client.settled(scrape))
     lone = probe_ttfts(server)
     alone = folded(client.settled(scrape))
-    width = 1 + k  # a step's positions a row: 1, or 1 + K verified
+    probed = ngram_acceptance(before, timed, k) if k else None
+    width = row_step_positions(k, probed[1] if probed else 1.0)
     points = own_points(steps, slope)
     out.cost.update(decode_ms=points, round_ms=None, draft_per_token_ms=0.0, draft_prefill_per_token_ms=0.0,
                     fused_padding="ragged", switch_ms=0.0, jitter_quantiles=None,
                     context_per_token_ms=round(slope / width, 7))
     out.note("one step (vllm:iteration_tokens_total between first and last tokens): "
              + ", ".join(f"B={b} {ms:.2f} ms at {cached:.0f} tokens cached" for b, (ms, _, cached) in steps.items()))
-    out.note(why if width == 1 else f"{why}, over {width} positions a row -> {slope / width:.7f} a position")
+    out.note(why if width == 1 else f"{why}, over {width:.2f} positions a row-step (1 + K x the probes' propose "
+             f"share {(width - 1) / k:.3f}) -> {slope / width:.7f} a position")
     stall_probe(out, server, profile)
     if k:
         out.params["num_speculative_tokens"] = k
