@@ -178,9 +178,8 @@ def price_drift(live: Mapping[str, float | None], twin: Mapping[str, float | Non
             return None  # steps of other sizes: their times differ by the schedule, not the price
         return float(live["step_ms"] / twin["step_ms"]) - 1  # type: ignore[operator]
     if live.get("gen_token_ms") and twin.get("gen_token_ms"):
-        alike = [(live.get("busy_per_step"), twin.get("busy_per_step")), (live.get("drafts"), twin.get("drafts"))]
-        if not alike[0][0] or any(not _alike(a, b) for a, b in alike):
-            return None
+        if not all(_alike(live.get(key), twin.get(key)) for key in ("busy_per_step", "drafts")):
+            return None  # fuller steps, or other rounds: the time a token differs by the schedule
         return float(live["gen_token_ms"] / twin["gen_token_ms"]) - 1  # type: ignore[operator]
     ratios = [live[f"{k}_ms"] / twin[f"{k}_ms"] for k in SINGLE_ROW if live.get(f"{k}_ms") and twin.get(f"{k}_ms")]
     return float(np.exp(np.mean(np.log(ratios)))) - 1 if ratios else None

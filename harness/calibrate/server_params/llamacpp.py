@@ -241,8 +241,9 @@ def stall_probe(server: Server, costs: CostModel, speculates: bool) -> tuple[flo
     passes, prompts = [], []
     for rep in range(STALL_REPEATS):
         (got,) = server.together([stream])
-        times = got.token_times_ms(got.sent_ns)
-        gap = (times[-1] if times else STALL_TOKENS * 0.1) / (STALL_ARRIVALS + 1)
+        if not (times := got.token_times_ms(got.sent_ns)):
+            continue
+        gap = times[-1] / (STALL_ARRIVALS + 1)
         bodies = [stream] + [server.body(text_prompt(STEP_PROMPT, f"{key}:{rep}:{i}"), 1, False)
                              for i in range(STALL_ARRIVALS)]
         outs = server.together(bodies, [0.0] + [gap * (i + 1) for i in range(STALL_ARRIVALS)])
