@@ -35,9 +35,7 @@ class VllmModel(StepModel):
               "K proposals per running request each step (0: no speculation configured)"),
         Param("propose_share", 1.0, "(ngram: its prompt lookup's matches; no flag)",
               "share of decoding row-steps the proposer finds drafts for; the others decode one token "
-              "(1: a draft model or MTP proposes every step; ngram only where the text repeats). A number, "
-              "or [[from_token, share], ...] from 0 up: the share once a row has produced that many tokens "
-              "(ngram matches more as a row's own output grows)"),
+              "(1: a draft model or MTP proposes every step; ngram only where the text repeats)"),
         Param("enable_chunked_prefill", True, "--enable-chunked-prefill",
               "a prompt longer than the budget left is prefilled in chunks over several steps "
               "(off: it waits for a step with room for all of it)"),
@@ -135,39 +133,17 @@ class Step:
         self.budget -= span.stop - span.start
 
 
-Share = float | tuple[tuple[int, float], ...]  # one share, or (from_token, share) pairs from 0 up
+def proposes(seq_id: str, produced: int, share: float) -> bool:
+    """Whether a row's proposer finds drafts at this step: `share` of its row-steps, picked by a hash
+    of the request and its tokens so far (deterministic, spread over the run, and the same in the
+    twin and in the driver of vLLM's own scheduler)."""
+    return share >= 1.0 or zlib.crc32(f"{seq_id}:{produced}".encode()) < share * 2**32
 
 
-def proposes(seq_id: str, produced: int, share: Share) -> bool:
-    """Whether a row's proposer finds drafts at this step: the share of its row-steps at `produced`
-    tokens, picked by a hash of the request and its tokens so far (deterministic, spread over the run,
-    and the same in the twin and in the driver of vLLM's own scheduler)."""
-    at = share_at(share, produced)
-    return at >= 1.0 or zlib.crc32(f"{seq_id}:{produced}".encode()) < at * 2**32
-
-
-def share_at(share: Share, produced: int) -> float:
-    """The share for a row that has produced this many tokens: the last pair starting at or before it."""
-    if isinstance(share, float):
-        return share
-    return next(at for start, at in reversed(share) if start <= produced)
-
-
-def _share(value: object) -> Share:
-    if isinstance(value, (list, tuple)):
-        pairs = tuple(tuple(p) for p in value if isinstance(p, (list, tuple)) and len(p) == 2)
-        starts = [p[0] for p in pairs]
-        if (len(pairs) == len(value) and pairs and starts[0] == 0 and starts == sorted(set(starts))
-                and all(isinstance(a, int) and not isinstance(a, bool) and _is_share(b) for a, b in pairs)):
-            return tuple((int(a), float(b)) for a, b in pairs)
-    elif _is_share(value):
-        return float(value)  # type: ignore[arg-type]
-    raise ValueError(f"server_params propose_share={value!r}: a vllm twin wants a share within [0, 1], or "
-                     "[[from_token, share], ...] with from_token whole numbers rising from 0")
-
-
-def _is_share(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 <= value <= 1.0
+def _share(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"server_params propose_share={value!r}: a vllm twin wants a share within [0, 1]")
+    return float(value)
 
 
 def _count(params: Mapping[str, object], name: str, least: int) -> int:

@@ -254,14 +254,3 @@ def test_a_context_slope_is_spread_over_the_positions_its_probes_verified(k, sha
     slope = 0.000596
     mean = share * (1 + k) * slope / width + (1 - share) * slope / width
     assert mean == pytest.approx(slope)
-
-
-def test_the_share_by_position_is_each_budgets_added_proposals_over_its_added_row_steps():
-    # measured 2026-12-07 with ngram (8 requests a budget): the share over each budget's row-steps rose
-    groups = [(24, 0.29 * 20, 20.0), (48, 0.369 * 38, 38.0), (96, 0.467 * 75, 75.0), (256, 0.60 * 190, 190.0)]
-    curve = sp.share_curve(groups)
-    assert [start for start, _ in curve] == [0, 24, 48, 96]
-    assert curve[0][1] == pytest.approx(0.29) and curve[1][1] == pytest.approx((0.369 * 38 - 5.8) / 18, abs=1e-4)
-    assert [s for _, s in curve] == sorted(s for _, s in curve)  # more repetition, more matches
-    # noise cannot leave [0, 1], and a budget that added no row-steps adds nothing
-    assert sp.share_curve([(24, 10.0, 20.0), (48, 5.0, 30.0), (96, 5.0, 30.0)]) == [[0, 0.5], [24, 0.0]]

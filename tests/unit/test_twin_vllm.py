@@ -93,25 +93,6 @@ def test_a_row_without_proposals_decodes_one_token():
         steps(1.5)
 
 
-def test_a_share_by_position_proposes_as_a_rows_output_grows():
-    # ngram matches more as a row's own output repeats: none of the first 20 row-steps propose here, all later
-    steps = run([req("a", 4, max_tokens=40)], k=3, accept=0.0, propose_share=[[0, 0.0], [20, 1.0]])[0]
-    widths = [step["a"] for step in steps[1:]]
-    assert widths[:19] == [1] * 19 and set(widths[20:]) == {4}
-
-
-@pytest.mark.parametrize("curve", [
-    pytest.param([[1, 0.3]], id="not-from-0"),
-    pytest.param([[0, 0.3], [0, 0.5]], id="a-start-twice"),
-    pytest.param([[0, 0.3], [24, 1.2]], id="a-share-over-1"),
-    pytest.param([[0, 0.3], [24.5, 0.5]], id="a-fractional-start"),
-    pytest.param([], id="empty"),
-])
-def test_a_bad_share_curve_is_named(curve):
-    with pytest.raises(ValueError, match=r"propose_share=.*\[\[from_token, share\], ...\]"):
-        run([req("a", 4, max_tokens=8)], k=3, accept=0.0, propose_share=curve)
-
-
 def test_speculation_shares_the_step_with_a_prompt_chunk():
     steps, plans, _ = run([req("a", 4, max_tokens=9), req("b", 20, at=1.0)], k=3, accept=0.0,
                           max_num_batched_tokens=12)

@@ -5,7 +5,7 @@ TTFT, and the engine-core time each arrival's frontend work takes."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -29,9 +29,6 @@ STEP_PROMPT, LONG_PROMPT = 16, 448  # characters: the step points' prompts, the 
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
 # a stream decoding past 8 arrivals 90 ms apart (600 tokens: ngram's bunches end 320 before the last ones)
 STALL_ARRIVALS, STALL_GAP_MS, STALL_TOKENS = 8, 90.0, 600
-# propose_share by a row's position: lone requests at budgets around a served request's, this many each.
-# Measured 2026-12-07 with ngram: 0.29-0.37 of row-steps over 24-48 tokens, 0.53-0.60 over 256, 0.68-0.71 over 600
-CURVE_BUDGETS, CURVE_REQUESTS = (24, 48, 96, 256), 8
 
 
 @dataclass
@@ -53,23 +50,19 @@ def spec_positions(samples: Mapping[str, float] | None) -> int:
                 if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total") and "position=" in name})
 
 
-def spec_delta(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[float, float, float, float]:
-    """(proposals, draft tokens, accepted tokens, decoding row-steps) between two scrapes: every decode
-    row-step emits 1 + its accepted drafts, so row-steps = output tokens - first tokens - accepted."""
-    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
-    accepted = delta.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
-    row_steps = (delta.get("vllm:generation_tokens_total", 0.0) - delta.get("vllm:request_success_total", 0.0)
-                 - accepted)
-    return (delta.get("vllm:spec_decode_num_drafts_total", 0.0),
-            delta.get("vllm:spec_decode_num_draft_tokens_total", 0.0), accepted, row_steps)
-
-
 def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float],
                      k: int) -> tuple[float, float, str] | None:
     """(accept_prob for K drafts, the share of row-steps with any, evidence) from the counters' change
-    over the calibration (`spec_delta`); ngram proposes only where its prompt lookup matches (vLLM
+    over the calibration: every decode row-step emits 1 + its accepted drafts, so row-steps = output
+    tokens - first tokens - accepted; ngram proposes only where its prompt lookup matches (vLLM
     counts one draft a proposing row-step), and a proposing row-step emits 1 + accepted / drafts."""
-    drafts, drafted, accepted, row_steps = spec_delta(before, after)
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    drafts, drafted = delta.get("vllm:spec_decode_num_drafts_total", 0.0), delta.get(
+        "vllm:spec_decode_num_draft_tokens_total", 0.0)
+    accepted = delta.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+    generated = delta.get("vllm:generation_tokens_total", 0.0)
+    requests = delta.get("vllm:request_success_total", 0.0)
+    row_steps = generated - requests - accepted
     if not drafts or not drafted or row_steps <= 0:
         return None
     share = min(drafts / row_steps, 1.0)
@@ -78,40 +71,6 @@ def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float],
     return accept, share, (f"vllm:spec_decode_*: {accepted:.0f} of {drafted:.0f} draft tokens accepted over "
                            f"{drafts:.0f} proposals in {row_steps:.0f} row-steps -> propose_share {share:.4f}; "
                            f"{per_proposal:.3f} tokens a proposing row-step -> accept_prob {accept:.4f} at K={k}")
-
-
-def share_curve(groups: Sequence[tuple[int, float, float]]) -> list[list[float]]:
-    """propose_share by a row's position, [[from_token, share], ...], from lone requests grouped by
-    budget: (budget, proposals a request, row-steps a request). The share from one budget to the next
-    is the proposals added over the row-steps added, within [0, 1]; a budget that added no row-steps
-    adds no pair."""
-    out: list[list[float]] = []
-    start, last_drafts, last_steps = 0, 0.0, 0.0
-    for budget, drafts, steps in sorted(groups):
-        if steps > last_steps:
-            out.append([start, round(min(max((drafts - last_drafts) / (steps - last_steps), 0.0), 1.0), 4)])
-            start, last_drafts, last_steps = budget, drafts, steps
-    return out
-
-
-def propose_probe(server: Server, scrape: Callable[[], dict[str, float] | None]) -> tuple[list | None, str]:
-    """CURVE_REQUESTS lone requests at each of CURVE_BUDGETS (prompts of 24-192 characters), the
-    counters scraped around each budget's: how the share of row-steps with proposals grows with a
-    row's own output (ngram matches more as the text repeats itself)."""
-    key, groups = time.monotonic_ns(), []
-    for budget in CURVE_BUDGETS:
-        before = folded(client.settled(scrape))
-        for i in range(CURVE_REQUESTS):
-            chars = 24 + 168 * i // max(CURVE_REQUESTS - 1, 1)
-            server.collect(server.body(text_prompt(chars, f"share:{key}:{budget}:{i}"), budget, True))
-        drafts, _, _, steps = spec_delta(before, folded(client.settled(scrape)))
-        groups.append((budget, drafts / CURVE_REQUESTS, steps / CURVE_REQUESTS))
-    curve = share_curve(groups)
-    shown = ", ".join(f"{b} tokens: {d:.1f} of {r:.1f}" for b, d, r in groups)
-    if len(curve) < 2:
-        return None, f"propose_share by position: too few row-steps counted ({shown}); one share is kept"
-    return curve, (f"propose_share by position {curve}: {CURVE_REQUESTS} lone requests a budget, proposals of "
-                   f"row-steps a request ({shown})")
 
 
 def row_step_positions(k: int, share: float) -> float:
@@ -239,10 +198,6 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
         if accept is not None:
             out.cost["accept_prob"], out.params["propose_share"] = round(accept[0], 4), round(accept[1], 4)
             out.note(accept[2])
-            if accept[1] < 1.0:  # a proposer that misses some row-steps (ngram): by a row's position
-                curve, line = propose_probe(server, scrape)
-                out.params["propose_share"] = curve or out.params["propose_share"]
-                out.note(line)
     else:
         out.cost.update(verify_ms=[points[0]], accept_prob=None)
         out.note("no vllm:spec_decode_num_accepted_tokens_per_pos positions: no speculation configured")
