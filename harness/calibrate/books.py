@@ -159,6 +159,8 @@ def twin_books(run, kind: str = "llama.cpp") -> dict:
 
 
 SAME_STEPS = 0.15  # steps compare when the twin's hold as many rows (tokens, drafts) as the server's, within this
+# a kind's step time in its books (vLLM's, llama.cpp's), and the counts that must agree for two to compare
+STEP_TIMES = {"step_ms": ("emitted_per_step",), "gen_token_ms": ("busy_per_step", "drafts")}
 SINGLE_ROW = ("admit", "slice0", "round")  # ticks of one row: their price does not move with the batch
 
 
@@ -172,15 +174,11 @@ def price_drift(live: Mapping[str, float | None], twin: Mapping[str, float | Non
     priced those steps, so a drift beyond the tolerances says the server's speed moved between
     calibration and check (a shared machine's does, by half on 2026-12-03) and that the held-out rows
     measure the move as much as the twin; None when no price is in both."""
-    if live.get("step_ms") and twin.get("step_ms"):
-        rows, twin_rows = live.get("emitted_per_step"), twin.get("emitted_per_step")
-        if not rows or not twin_rows or abs(twin_rows / rows - 1) > SAME_STEPS:
-            return None  # steps of other sizes: their times differ by the schedule, not the price
-        return float(live["step_ms"] / twin["step_ms"]) - 1  # type: ignore[operator]
-    if live.get("gen_token_ms") and twin.get("gen_token_ms"):
-        if not all(_alike(live.get(key), twin.get(key)) for key in ("busy_per_step", "drafts")):
-            return None  # fuller steps, or other rounds: the time a token differs by the schedule
-        return float(live["gen_token_ms"] / twin["gen_token_ms"]) - 1  # type: ignore[operator]
+    for key, counts in STEP_TIMES.items():
+        if live.get(key) and twin.get(key):
+            if not all(_alike(live.get(count), twin.get(count)) for count in counts):
+                return None  # steps of other sizes, or other rounds: their times differ by the schedule
+            return float(live[key] / twin[key]) - 1  # type: ignore[operator]
     ratios = [live[f"{k}_ms"] / twin[f"{k}_ms"] for k in SINGLE_ROW if live.get(f"{k}_ms") and twin.get(f"{k}_ms")]
     return float(np.exp(np.mean(np.log(ratios)))) - 1 if ratios else None
 

@@ -180,7 +180,8 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     lone = probe_ttfts(server)
     alone = folded(client.settled(scrape))
     probed = ngram_acceptance(before, timed, k) if k else None
-    width = row_step_positions(k, probed[1] if probed else 1.0)
+    share = probed[1] if probed else 1.0
+    width = row_step_positions(k, share)
     points = own_points(steps, slope)
     out.cost.update(decode_ms=points, round_ms=None, draft_per_token_ms=0.0, draft_prefill_per_token_ms=0.0,
                     fused_padding="ragged", switch_ms=0.0, jitter_quantiles=None,
@@ -188,7 +189,7 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     out.note("one step (vllm:iteration_tokens_total between first and last tokens): "
              + ", ".join(f"B={b} {ms:.2f} ms at {cached:.0f} tokens cached" for b, (ms, _, cached) in steps.items()))
     out.note(why if width == 1 else f"{why}, over {width:.2f} positions a row-step (1 + K x the probes' propose "
-             f"share {(width - 1) / k:.3f}) -> {slope / width:.7f} a position")
+             f"share {share:.3f}) -> {slope / width:.7f} a position")
     stall_probe(out, server, profile)
     if k:
         out.params["num_speculative_tokens"] = k
