@@ -1,7 +1,9 @@
 """The capacity search of `calibrate --report`: from the highest ladder rate that met the SLO, double
 the rate until the live server misses it, then bisect (the geometric midpoint) between the highest
 rate that met and the lowest that missed, at most `rungs` rates. A rung's arrivals span QUEUE_SPAN x
-the SLO's TTFT bound, so a queue can outgrow that bound; MAX_RUNG_REQUESTS bounds its live time.
+the SLO's TTFT bound, so a queue can outgrow that bound, at every rate: a rung of a fixed count
+would judge a fast server on a burst it absorbs (256 requests over 0.7 s met a 2 s TTFT on a server
+that serves 80/s). MAX_RUNG_REQUESTS only bounds a rung's live time past 500/s.
 No I/O here: the caller's function runs a rung, live and on the twins.
 """
 
@@ -17,7 +19,7 @@ from harness.sweep.points import EPS
 RUNGS = 6                 # rates tried at most (calibrate --capacity-rungs; 0 skips the search)
 QUEUE_SPAN = 4.0          # a rung's arrivals span this x the SLO's TTFT bound ...
 SPAN_WITHOUT_TTFT_S = 8.0  # ... or this long when the SLO bounds no TTFT
-MAX_RUNG_REQUESTS = 256   # the live time's bound: a rung sends at most this many requests
+MAX_RUNG_REQUESTS = 4096  # the live time's bound: a rung sends at most this many requests
 RESOLUTION = 0.1          # stop once the lowest rate that missed is within 10% of the highest that met
 
 

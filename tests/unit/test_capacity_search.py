@@ -94,7 +94,9 @@ def test_no_rungs_is_no_search():
 @pytest.mark.parametrize("rate, slo, requests", [
     pytest.param(10.0, SLO, 80, id="arrivals-span-4x-the-ttft-bound"),
     pytest.param(1.0, SLO, 32, id="never-fewer-than-the-ladder"),
-    pytest.param(500.0, SLO, search.MAX_RUNG_REQUESTS, id="bounded"),
+    # 256 requests at 300/s (the old bound) arrived in 0.85 s: a burst a server of 80/s absorbed
+    pytest.param(300.0, SLO, 2400, id="a-fast-servers-rung-spans-8s-too"),
+    pytest.param(1000.0, SLO, search.MAX_RUNG_REQUESTS, id="bounded"),
     pytest.param(10.0, Slo(itl_ms=250), 80, id="no-ttft-bound-8s"),
 ])
 def test_a_rung_has_enough_requests_for_a_queue_past_the_ttft_bound(rate, slo, requests):
