@@ -8,6 +8,7 @@ its proposer found any (ngram: when its prompt lookup matched), else it decodes 
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ class VllmModel(StepModel):
         Param("propose_share", 1.0, "(ngram: its prompt lookup's matches; no flag)",
               "share of decoding row-steps the proposer finds drafts for; the others decode one token "
               "(1: a draft model or MTP proposes every step; ngram only where the text repeats)"),
+        Param("draft_tokens", None, "(ngram: its proposals' length; no flag)",
+              "mean tokens a proposal holds, within [1, K] (vllm:spec_decode_num_draft_tokens_total over "
+              "num_drafts_total): ngram proposes fewer than K where its match lies near the text's end. A "
+              "proposing row-step drafts the whole number below or above it, so the mean holds (null: K)"),
         Param("enable_chunked_prefill", True, "--enable-chunked-prefill",
               "a prompt longer than the budget left is prefilled in chunks over several steps "
               "(off: it waits for a step with room for all of it)"),
@@ -60,6 +65,7 @@ class VllmModel(StepModel):
         self.num_spec = _count(self.params, "num_speculative_tokens", 0)  # K: proposals a row a step
         self.chunked = bool(self.params["enable_chunked_prefill"])
         self.propose_share = _share(self.params["propose_share"])
+        self.draft_tokens = _draft_tokens(self.params["draft_tokens"], self.num_spec)
 
     @property
     def speculates(self) -> bool:
@@ -74,18 +80,20 @@ class VllmModel(StepModel):
 
     def serve_running(self, rows: list[Request], step: Step) -> None:
         """Rows already running, in admission order, each taking what it needs from the budget: a
-        prompt's next chunk, 1 + K when it has proposals, else 1; the budget spent, later rows wait."""
-        width = 1 + self.num_spec
+        prompt's next chunk, 1 + its proposal's length when it has one, else 1; the budget spent, later
+        rows wait."""
         for request in rows:
             if step.budget <= 0:
                 break
+            produced = len(request.output_token_ids)
+            width = 1 + (draft_length(request.id, produced, self.draft_tokens)
+                         if self.num_spec and proposes(request.id, produced, self.propose_share) else 0)
             if request.num_prefilled < len(request.prompt_token_ids):
                 step.add_span(self.span(request, step.budget))
-            elif (width > 1 and step.budget >= width
-                  and proposes(request.id, len(request.output_token_ids), self.propose_share)):
+            elif 1 < width <= step.budget:
                 step.verifies.append(Verify(request.id, request.last_token, width))  # type: ignore[arg-type]
                 step.budget -= width
-            else:  # no drafter, or too little budget for 1 + K (vLLM trims the drafts: one K a plan here)
+            else:  # no proposal, or too little budget for it (vLLM trims the drafts; the twin decodes)
                 step.decodes.append((request.id, request.last_token))  # type: ignore[arg-type]
                 step.budget -= 1
 
@@ -138,6 +146,22 @@ def proposes(seq_id: str, produced: int, share: float) -> bool:
     of the request and its tokens so far (deterministic, spread over the run, and the same in the
     twin and in the driver of vLLM's own scheduler)."""
     return share >= 1.0 or zlib.crc32(f"{seq_id}:{produced}".encode()) < share * 2**32
+
+
+def draft_length(seq_id: str, produced: int, mean: float) -> int:
+    """A proposal's length at this step: the whole number above `mean` for mean's fraction of
+    proposals, else the one below, picked by a second hash of the request and its tokens so far."""
+    whole = math.floor(mean)
+    return whole + int(zlib.crc32(f"{seq_id}:{produced}:length".encode()) < (mean - whole) * 2**32)
+
+
+def _draft_tokens(value: object, k: int) -> float:
+    if value is None:
+        return float(k)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.0 <= value <= max(k, 1):
+        raise ValueError(f"server_params draft_tokens={value!r}: a vllm twin wants a mean within [1, K={k}], "
+                         "or null (K)")
+    return float(value)
 
 
 def _share(value: object) -> float:

@@ -11,6 +11,7 @@ their residuals; a term's jitter is the quantiles of its samples over their mean
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,13 +94,16 @@ def rounds_of(groups: Sequence[Group]) -> Rounds:
     return Rounds(gaps, [g.num_tokens for g in middle])
 
 
-def expected_tokens_per_round(accept_prob: float, block_size: int) -> float:
+def expected_tokens_per_round(accept_prob: float, block_size: float) -> float:
     """The mock drafter's mean tokens a round of K emits: the accepted drafts (each with
-    probability p, up to the first miss, at most K - 1) plus the target's own token."""
-    return 1.0 + sum(accept_prob ** i for i in range(1, block_size))
+    probability p, up to the first miss, at most K - 1) plus the target's own token. A fractional
+    K is rounds of the whole sizes either side of it, mixed to its mean (proposals of varying length)."""
+    whole = math.floor(block_size)
+    tokens = 1.0 + sum(accept_prob ** i for i in range(1, whole))
+    return tokens + (block_size - whole) * accept_prob ** whole
 
 
-def acceptance_from_tokens(mean_tokens: float, block_size: int) -> float:
+def acceptance_from_tokens(mean_tokens: float, block_size: float) -> float:
     """The per-draft acceptance whose expected tokens per round equals `mean_tokens` (bisection)."""
     target = min(max(mean_tokens, 1.0), float(block_size))
     low, high = 0.0, 1.0

@@ -3,8 +3,9 @@
 Both run the same requests on the same mock model and costs: vLLM's scheduler plans each step
 (`schedule()`), coopsched's executor runs it as a plan on the mock (so a step costs what the twin's
 would), and the mock's tokens go back as a `ModelRunnerOutput` (`update_from_output`), with K draft
-ids for the rows past their prompt that the twin's proposer rule picks (`update_draft_token_ids`;
-every such row at a share of 1), as vLLM's scheduler unit tests drive it.
+ids for the rows past their prompt that the twin's proposer rule picks, as many as the twin's rule
+for a proposal's length says (`update_draft_token_ids`; every such row, K each, at a share of 1 and
+no draft_tokens), as vLLM's scheduler unit tests drive it.
 Needs vLLM (the `interop` env); `vllm` is imported only here.
 """
 
@@ -24,7 +25,7 @@ from coopsched.core.types import ActionKind, TickKind, TickState
 from coopsched.engine import Engine
 from coopsched.executor import Executor
 from coopsched.twins import make_scheduler
-from coopsched.twins.vllm import proposes
+from coopsched.twins.vllm import draft_length, proposes
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
 
@@ -45,6 +46,7 @@ class Setup:
     max_num_batched_tokens: int = 2048
     num_speculative_tokens: int = 0      # 0: no speculation
     propose_share: float = 1.0           # row-steps the proposer finds drafts for (ngram: where text repeats)
+    draft_tokens: float | None = None    # a proposal's mean length (None: K)
     cost: CostModel = field(default_factory=CostModel)
     accept_prob: float = 0.7
     max_model_len: int = 4096
@@ -59,7 +61,8 @@ class Setup:
 
     def params(self) -> dict:
         return {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "num_speculative_tokens": self.num_speculative_tokens, "propose_share": self.propose_share}
+                "num_speculative_tokens": self.num_speculative_tokens, "propose_share": self.propose_share,
+                "draft_tokens": self.draft_tokens}
 
 
 def plan_tokens(plan: Plan) -> dict[str, int]:
@@ -106,6 +109,7 @@ class RealScheduler:
         self.prefilled: dict[str, int] = {}     # prompt tokens the mock holds per request
         self.last: dict[str, int] = {}          # the last sampled token, not yet fed
         self.produced: dict[str, int] = {}
+        self.proposed: dict[str, int] = {}      # the draft ids last given a row
 
     def _build(self, setup: Setup, workdir: Path) -> None:
         import torch
@@ -145,8 +149,8 @@ class RealScheduler:
         self.prefilled[request.id] = self.produced[request.id] = 0
 
     def plan(self, output) -> Plan:
-        """vLLM's scheduled tokens as coopsched's plan: prompt spans, verifies of K + 1, decodes. A row
-        whose drafts the budget trimmed below K runs as a decode (one plan shares one K)."""
+        """vLLM's scheduled tokens as coopsched's plan: prompt spans, verifies of 1 + the drafts it was
+        given, decodes. A row whose drafts the budget trimmed runs as a decode, as the twin's does."""
         spans, decodes, verifies = [], [], []
         for seq_id, num_tokens in output.num_scheduled_tokens.items():
             request, held = self.ours[seq_id], self.prefilled[seq_id]
@@ -154,8 +158,8 @@ class RealScheduler:
                 spans.append(Prefill(seq_id, request.prompt_token_ids, held, held + num_tokens, request.sampling,
                                      self.k > 0))
                 self.prefilled[seq_id] = held + num_tokens
-            elif len(output.scheduled_spec_decode_tokens.get(seq_id, ())) == self.k > 0:
-                verifies.append(Verify(seq_id, self.last[seq_id], self.k + 1))
+            elif len(output.scheduled_spec_decode_tokens.get(seq_id, ())) == self.proposed.get(seq_id, 0) > 0:
+                verifies.append(Verify(seq_id, self.last[seq_id], self.proposed[seq_id] + 1))
             else:
                 decodes.append((seq_id, self.last[seq_id]))
         return Plan(ActionKind.FUSED, TickKind.FUSED, TickState(), (), tuple(spans), tuple(decodes), tuple(verifies))
@@ -195,12 +199,14 @@ class RealScheduler:
             req_ids=ids, req_id_to_index={seq_id: i for i, seq_id in enumerate(ids)},
             sampled_token_ids=[sampled[seq_id] for seq_id in ids], logprobs=None, prompt_logprobs_dict={},
             pooler_output=[]))
-        if self.k:  # rows past their prompt propose K where the rule says (the values never matter)
+        if self.k:  # rows past their prompt propose where the rule says (the values never matter)
             share = self.setup.propose_share
+            mean = self.k if self.setup.draft_tokens is None else self.setup.draft_tokens
             ready = [seq_id for seq_id in ids if seq_id in self.scheduler.requests
                      and self.prefilled[seq_id] == len(self.ours[seq_id].prompt_token_ids)
                      and proposes(seq_id, self.produced[seq_id], share)]
-            self.scheduler.update_draft_token_ids(DraftTokenIds(ready, [[0] * self.k for _ in ready]))
+            self.proposed = {seq_id: draft_length(seq_id, self.produced[seq_id], mean) for seq_id in ready}
+            self.scheduler.update_draft_token_ids(DraftTokenIds(ready, [[0] * self.proposed[s] for s in ready]))
         return dict(output.num_scheduled_tokens)
 
 

@@ -54,6 +54,9 @@ def both(setup: vs.Setup, workdir) -> tuple[list[vs.Step], list[vs.Step]]:
                           accept_prob=0.8), id="ngram-k5-long-budget"),
     pytest.param(vs.Setup(max_num_seqs=4, max_num_batched_tokens=64, num_speculative_tokens=4, cost=COST,
                           accept_prob=0.7, propose_share=0.4), id="ngram-k4-some-rows-propose"),
+    # vLLM's ngram proposals held 3.29 tokens at K = 4 (2026-12-07): rows of 1 + 3 and 1 + 4 side by side
+    pytest.param(vs.Setup(max_num_seqs=4, max_num_batched_tokens=64, num_speculative_tokens=4, cost=COST,
+                          accept_prob=0.7, propose_share=0.4, draft_tokens=3.29), id="ngram-k4-short-proposals"),
 ])
 def test_the_twin_schedules_every_step_as_vllm_does(setup, workdir):
     twin, real = both(setup, workdir)
@@ -61,6 +64,8 @@ def test_the_twin_schedules_every_step_as_vllm_does(setup, workdir):
     assert any(n > 1 and n != setup.num_speculative_tokens + 1 for s in real for n in s.tokens.values())  # chunks
     if 0 < setup.propose_share < 1:  # rows with and without proposals side by side in one step
         assert any({1, setup.num_speculative_tokens + 1} <= set(s.tokens.values()) for s in real)
+    if setup.draft_tokens is not None:  # proposals of both lengths in one step
+        assert any({4, 5} <= set(s.tokens.values()) for s in real)
     assert vs.differences(twin, real) == []
 
 

@@ -39,12 +39,31 @@ def test_acceptance_is_per_proposal_and_the_share_is_of_row_steps():
     # 10 requests, 410 tokens: 10 first tokens, 400 from decode steps of which 150 accepted drafts ->
     # 250 row-steps; 100 of them proposed (400 drafts), each emitting 1 + 150 / 100 = 2.5 tokens
     before, after = counters(0, 0, 0, 0, 0), counters(410, 10, 100, 400, 150)
-    accept, share, evidence = sp.ngram_acceptance(before, after, 4)
-    assert share == pytest.approx(0.4)
-    assert fit.expected_tokens_per_round(accept, 5) == pytest.approx(2.5, abs=1e-6)
+    got = sp.ngram_acceptance(before, after, 4)
+    assert got is not None and got.share == pytest.approx(0.4) and got.length == 4.0
+    assert fit.expected_tokens_per_round(got.accept, 5) == pytest.approx(2.5, abs=1e-6)
     # the twin's rows then emit what vLLM's did: 60% decode one, 40% verify 2.5 -> 1.6 a row-step
-    assert (1 - share) + share * fit.expected_tokens_per_round(accept, 5) == pytest.approx(1.6, abs=1e-6)
-    assert "250 row-steps" in evidence and "propose_share 0.4000" in evidence
+    assert (1 - got.share) + got.share * fit.expected_tokens_per_round(got.accept, 5) == pytest.approx(1.6, abs=1e-6)
+    assert "250 row-steps" in got.evidence and "propose_share 0.4000" in got.evidence
+
+
+def test_a_proposal_is_as_long_as_vllms_were():
+    # measured 2026-12-07 with ngram at K = 4: 925 draft tokens in 281 proposals (3.29 each), 606 accepted;
+    # a twin proposing 4 verified 32% more positions than the server, and its knee's steps ran 11% dear
+    got = sp.ngram_acceptance(counters(0, 0, 0, 0, 0), counters(2000, 256, 281, 925, 606), 4)
+    assert got is not None and got.length == pytest.approx(925 / 281)
+    # proposals of 3 and 4 tokens mixed to that mean emit the server's 1 + 606 / 281 tokens each ...
+    assert fit.expected_tokens_per_round(got.accept, 1 + got.length) == pytest.approx(1 + 606 / 281, abs=1e-6)
+    # ... which lies between what proposals of 3 and of 4 would emit at that acceptance
+    assert fit.expected_tokens_per_round(got.accept, 4) < 1 + 606 / 281 < fit.expected_tokens_per_round(got.accept, 5)
+    assert "draft_tokens 3.292" in got.evidence
+
+
+@pytest.mark.parametrize("p, k", [(0.3, 3.0), (0.6, 3.29), (0.9, 4.5)])
+def test_a_fractional_round_is_the_whole_rounds_either_side_mixed(p, k):
+    low, high = fit.expected_tokens_per_round(p, int(k)), fit.expected_tokens_per_round(p, int(k) + 1)
+    assert fit.expected_tokens_per_round(p, k) == pytest.approx(low + (k - int(k)) * (high - low))
+    assert fit.acceptance_from_tokens(fit.expected_tokens_per_round(p, k), k) == pytest.approx(p, abs=1e-6)
 
 
 def test_acceptance_is_none_without_drafts():
@@ -241,16 +260,18 @@ def test_a_busy_frontend_is_the_beside_requests_median_beyond_a_lone_ones():
     assert "frontend_busy_ms" not in unmeasured.params and "not measured" in unmeasured.lines[-1]
 
 
-@pytest.mark.parametrize("k, share, want", [
-    pytest.param(0, 1.0, 1.0, id="no-speculation"),
-    pytest.param(4, 1.0, 5.0, id="a-drafter-proposes-every-step"),
-    pytest.param(4, 0.389, 2.556, id="ngram-where-its-lookup-matches"),
+@pytest.mark.parametrize("length, share, want", [
+    pytest.param(None, 1.0, 1.0, id="no-speculation"),
+    pytest.param(4.0, 1.0, 5.0, id="a-drafter-proposes-every-step"),
+    pytest.param(4.0, 0.389, 2.556, id="ngram-where-its-lookup-matches"),
+    pytest.param(3.29, 0.389, 2.27981, id="ngram-proposals-under-k"),
 ])
-def test_a_context_slope_is_spread_over_the_positions_its_probes_verified(k, share, want):
-    width = sp.row_step_positions(k, share)
+def test_a_context_slope_is_spread_over_the_positions_its_probes_verified(length, share, want):
+    probed = None if length is None else sp.Proposals(share, length, 0.5, "")
+    width = sp.row_step_positions(probed)
     assert width == pytest.approx(want)
-    # the twin charges a proposing row-step 1 + K positions and the others 1: at the probes' share its
-    # mean charge a row-step is the measured slope again
-    slope = 0.000596
-    mean = share * (1 + k) * slope / width + (1 - share) * slope / width
+    # the twin charges a proposing row-step 1 + its length positions and the others 1: at the probes'
+    # share its mean charge a row-step is the measured slope again
+    slope, length = 0.000596, length or 0.0
+    mean = share * (1 + length) * slope / width + (1 - share) * slope / width
     assert mean == pytest.approx(slope)

@@ -93,6 +93,20 @@ def test_a_row_without_proposals_decodes_one_token():
         steps(1.5)
 
 
+def test_proposals_are_as_long_as_the_servers_on_average():
+    # vLLM's ngram proposals held 3.29 tokens at K = 4: 29% of proposals draft 4, the rest 3
+    def widths(mean):
+        steps = run([req(f"r{i}", 4, max_tokens=80) for i in range(4)], k=4, accept=0.0, draft_tokens=mean)[0]
+        return [n for step in steps[1:] for n in step.values() if n > 1]
+
+    got = widths(3.29)
+    assert set(got) == {4, 5} and sum(got) / len(got) - 1 == pytest.approx(3.29, abs=0.08)
+    assert set(widths(None)) == {5} and set(widths(1.0)) == {2}  # null: K
+    for bad in (0.5, 4.5, True):
+        with pytest.raises(ValueError, match=rf"draft_tokens={bad!r}: .* within \[1, K=4\]"):
+            widths(bad)
+
+
 def test_speculation_shares_the_step_with_a_prompt_chunk():
     steps, plans, _ = run([req("a", 4, max_tokens=9), req("b", 20, at=1.0)], k=3, accept=0.0,
                           max_num_batched_tokens=12)
@@ -144,7 +158,8 @@ def test_params_are_documented_with_the_flag_they_mirror():
         "enable_chunked_prefill": "--enable-chunked-prefill", "frontend_ms": "(the API server process: no flag)",
         "frontend_stall_ms": "(the API server sharing the engine's core: no flag)",
         "frontend_busy_ms": "(the API server sharing the engine's core: no flag)",
-        "propose_share": "(ngram: its prompt lookup's matches; no flag)"}
+        "propose_share": "(ngram: its prompt lookup's matches; no flag)",
+        "draft_tokens": "(ngram: its proposals' length; no flag)"}
     with pytest.raises(ValueError, match="'max_num_seq' unknown"):
         make_scheduler("vllm", SchedulerConfig(), {"max_num_seq": 4})
     with pytest.raises(ValueError, match="max_num_seqs=0: a vllm twin wants an int >= 1"):

@@ -50,12 +50,21 @@ def spec_positions(samples: Mapping[str, float] | None) -> int:
                 if name.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total") and "position=" in name})
 
 
-def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float],
-                     k: int) -> tuple[float, float, str] | None:
-    """(accept_prob for K drafts, the share of row-steps with any, evidence) from the counters' change
-    over the calibration: every decode row-step emits 1 + its accepted drafts, so row-steps = output
-    tokens - first tokens - accepted; ngram proposes only where its prompt lookup matches (vLLM
-    counts one draft a proposing row-step), and a proposing row-step emits 1 + accepted / drafts."""
+@dataclass(frozen=True)
+class Proposals:
+    """What vLLM's counters say its proposer did: the share of row-steps it proposed at, a proposal's
+    mean length, and the per-draft acceptance that emits what those proposals emitted."""
+    share: float
+    length: float
+    accept: float
+    evidence: str
+
+
+def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float], k: int) -> Proposals | None:
+    """The proposals over the counters' change: every decode row-step emits 1 + its accepted drafts,
+    so row-steps = output tokens - first tokens - accepted; ngram proposes only where its prompt lookup
+    matches (vLLM counts one draft a proposing row-step), with draft tokens / drafts tokens each (under
+    K where a match lies near the text's end), and a proposing row-step emits 1 + accepted / drafts."""
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
     drafts, drafted = delta.get("vllm:spec_decode_num_drafts_total", 0.0), delta.get(
         "vllm:spec_decode_num_draft_tokens_total", 0.0)
@@ -66,20 +75,22 @@ def ngram_acceptance(before: Mapping[str, float], after: Mapping[str, float],
     if not drafts or not drafted or row_steps <= 0:
         return None
     share = min(drafts / row_steps, 1.0)
+    length = min(max(drafted / drafts, 1.0), float(k))
     per_proposal = 1 + accepted / drafts
-    accept = fit.acceptance_from_tokens(per_proposal, k + 1)
-    return accept, share, (f"vllm:spec_decode_*: {accepted:.0f} of {drafted:.0f} draft tokens accepted over "
-                           f"{drafts:.0f} proposals in {row_steps:.0f} row-steps -> propose_share {share:.4f}; "
-                           f"{per_proposal:.3f} tokens a proposing row-step -> accept_prob {accept:.4f} at K={k}")
+    accept = fit.acceptance_from_tokens(per_proposal, 1 + length)
+    return Proposals(share, length, accept, (
+        f"vllm:spec_decode_*: {accepted:.0f} of {drafted:.0f} draft tokens accepted over {drafts:.0f} proposals "
+        f"in {row_steps:.0f} row-steps -> propose_share {share:.4f}, draft_tokens {length:.3f} (K={k}); "
+        f"{per_proposal:.3f} tokens a proposing row-step -> accept_prob {accept:.4f}"))
 
 
-def row_step_positions(k: int, share: float) -> float:
+def row_step_positions(proposals: Proposals | None) -> float:
     """The mean positions a row-step verified in the probes a context slope is measured over: 1, plus
-    K where the proposer drafted (ngram drafts only where its lookup matches, `share` of row-steps). A
-    slope per row-step over this is the twin's price a position: dividing by 1 + K priced a measured
-    0.39 share's context at 2026-12-07's calibration and the other row-steps' at a fifth of it, and
-    the twin's steps ran 10-13% under the server's."""
-    return 1 + k * share
+    a proposal's length where the proposer drafted (ngram drafts only where its lookup matches, `share`
+    of row-steps). A slope per row-step over this is the twin's price a position: dividing by 1 + K
+    priced a measured 0.39 share's context at 2026-12-07's calibration and the other row-steps' at a
+    fifth of it, and the twin's steps ran 10-13% under the server's."""
+    return 1.0 if proposals is None else 1 + proposals.length * proposals.share
 
 
 def concurrency_cap(server: Server, num_requests: int = VLLM_PROBE_REQUESTS) -> tuple[int | None, str]:
@@ -180,25 +191,25 @@ def fit_vllm(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
     lone = probe_ttfts(server)
     alone = folded(client.settled(scrape))
     probed = ngram_acceptance(before, timed, k) if k else None
-    share = probed[1] if probed else 1.0
-    width = row_step_positions(k, share)
+    width = row_step_positions(probed)
     points = own_points(steps, slope)
     out.cost.update(decode_ms=points, round_ms=None, draft_per_token_ms=0.0, draft_prefill_per_token_ms=0.0,
                     fused_padding="ragged", switch_ms=0.0, jitter_quantiles=None,
                     context_per_token_ms=round(slope / width, 7))
     out.note("one step (vllm:iteration_tokens_total between first and last tokens): "
              + ", ".join(f"B={b} {ms:.2f} ms at {cached:.0f} tokens cached" for b, (ms, _, cached) in steps.items()))
-    out.note(why if width == 1 else f"{why}, over {width:.2f} positions a row-step (1 + K x the probes' propose "
-             f"share {share:.3f}) -> {slope / width:.7f} a position")
+    out.note(why if probed is None else f"{why}, over {width:.2f} positions a row-step (1 + draft_tokens "
+             f"{probed.length:.2f} x the probes' propose share {probed.share:.3f}) -> {slope / width:.7f} a position")
     stall_probe(out, server, profile)
     if k:
         out.params["num_speculative_tokens"] = k
         out.cost["verify_ms"] = [[b * (k + 1), ms] for b, ms in points]  # a step verifies 1 + K a row
         draft_price(out, profile.get("round_ms"), steps[1][0] if 1 in steps else None, k)
-        accept = ngram_acceptance(before, alone, k)
-        if accept is not None:
-            out.cost["accept_prob"], out.params["propose_share"] = round(accept[0], 4), round(accept[1], 4)
-            out.note(accept[2])
+        proposals = ngram_acceptance(before, alone, k)
+        if proposals is not None:
+            out.cost["accept_prob"] = round(proposals.accept, 4)
+            out.params.update(propose_share=round(proposals.share, 4), draft_tokens=round(proposals.length, 3))
+            out.note(proposals.evidence)
     else:
         out.cost.update(verify_ms=[points[0]], accept_prob=None)
         out.note("no vllm:spec_decode_num_accepted_tokens_per_pos positions: no speculation configured")
