@@ -27,8 +27,10 @@ STEPS = "vllm:iteration_tokens_total_count"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 STEP_PROMPT, LONG_PROMPT = 16, 448  # characters: the step points' prompts, the long one (4 of them fit the budget)
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
-# a stream decoding past 8 arrivals 90 ms apart (600 tokens: ngram's bunches end 320 before the last ones)
-STALL_ARRIVALS, STALL_GAP_MS, STALL_TOKENS = 8, 90.0, 600
+# a stream decoding past 16 arrivals 30 ms apart (an arrival's window, send to first token, is 3-8 ms).
+# 8 arrivals 90 ms apart outlasted an ngram stream of 600 tokens (about 550 ms on 2026-12-07): 4 of 8
+# counted, and two calibrations read 1.8 and 3.9 ms an arrival
+STALL_ARRIVALS, STALL_GAP_MS, STALL_TOKENS = 16, 30.0, 600
 
 
 @dataclass
