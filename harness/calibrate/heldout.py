@@ -12,6 +12,7 @@ beside the twins' (harness/calibrate/books.py) when it keeps them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -36,6 +37,7 @@ NUM_REQUESTS = 32
 SEED = 23            # arrivals and lengths: a draw the calibration never makes
 LIGHT_IN_FLIGHT = 0.5  # the light workload: this many requests in flight on average, by the solo life
 LADDER_RUNGS = 5       # doublings of the light rate tried, at most, to find the knee
+REFINE_RUNGS = 2       # midpoints tried between the light rate and a first doubling that fell behind
 KEEP_UP = 0.8          # a rung keeps up when its tokens/s per offered request/s stay >= this x the light's
 TTFT_RISE = 3.0        # ... and its TTFT p50 stays under this x the light's (a queue has not formed)
 RULE = (f"|error| <= max(tolerance, {SPREAD_FACTOR:g} x spread); spread = (max - min) / mean of the "
@@ -159,31 +161,41 @@ def search_step(live: Run, twins: dict[str, Predict], rate: float, requests: int
 def ladder(live: Run, twins: dict[str, Predict], light: float, num_requests: int, slo: Slo,
            rungs: int = LADDER_RUNGS) -> tuple[float, list[Rung]]:
     """Doubling rates from the light one, each run once live (and on the twins), until one no longer
-    keeps up (see KEEP_UP, TTFT_RISE): the knee is the last doubling that kept up, else the first."""
-    def rung(rate: float, keeps: Callable[[dict], bool]) -> Rung:
-        got, _, on_twins = run_once(live, twins, workload(rate, num_requests), slo)
-        return Rung(rate, got, keeps(got), on_twins)
-
-    out = [rung(light, lambda _: True)]
-    base = out[0].figures
+    keeps up (see KEEP_UP, TTFT_RISE): the knee is the last doubling that kept up. When the first
+    doubling already fell behind, the knee lies between it and the light rate: REFINE_RUNGS geometric
+    midpoints bisect that, and the knee is the highest that kept up, else the lowest tried."""
+    got, _, on_twins = run_once(live, twins, workload(light, num_requests), slo)
+    out, base = [Rung(light, got, True, on_twins)], got
     per_request = (base["aggregate_tok_s"] or 0.0) / light
+
+    def rung(rate: float) -> Rung:
+        got, _, on_twins = run_once(live, twins, workload(rate, num_requests), slo)
+        keeps = ((got["aggregate_tok_s"] or 0.0) / rate >= KEEP_UP * per_request
+                 and (got["ttft_p50_ms"] or 0.0) <= TTFT_RISE * max(base["ttft_p50_ms"] or 0.0, 1.0))
+        out.append(Rung(rate, got, keeps, on_twins))
+        return out[-1]
+
     for i in range(1, rungs + 1):
-        rate = round(light * 2 ** i, 3)
-        out.append(rung(rate, lambda got, rate=rate: (
-            (got["aggregate_tok_s"] or 0.0) / rate >= KEEP_UP * per_request
-            and (got["ttft_p50_ms"] or 0.0) <= TTFT_RISE * max(base["ttft_p50_ms"] or 0.0, 1.0))))
-        if not out[-1].keeps_up:
+        if not rung(round(light * 2 ** i, 3)).keeps_up:
             break
     kept = [r.rate_per_s for r in out if r.keeps_up]
-    return (kept[-1] if len(kept) > 1 else out[min(1, len(out) - 1)].rate_per_s), out
+    if len(kept) > 1 or len(out) == 1:
+        return kept[-1], out
+    low, high = light, out[1].rate_per_s  # the first doubling fell behind: the knee lies between
+    for _ in range(REFINE_RUNGS):
+        tried = rung(round(math.sqrt(low * high), 3))
+        low, high = (tried.rate_per_s, high) if tried.keeps_up else (low, tried.rate_per_s)
+    return (low if low > light else high), out
 
 
 def tried_rates(rungs: Sequence[Rung], steps: Sequence[search.Step] = ()) -> list[tuple[float, dict]]:
     """Every rate tried, with each side's attainment: the ladder's under the search's first (and not
-    searched again), then the search's (all the ladder's when the search did not run)."""
+    searched again), rising, then the search's (all the ladder's when the search did not run)."""
     first, searched = (steps[0].rate_per_s if steps else float("inf")), {s.rate_per_s for s in steps}
-    return ([(r.rate_per_s, {"live": r.figures["slo_attainment"], **r.twins}) for r in rungs
-             if r.rate_per_s < first and r.rate_per_s not in searched] + [(s.rate_per_s, s.attained) for s in steps])
+    ladder = [(r.rate_per_s, {"live": r.figures["slo_attainment"], **r.twins}) for r in rungs
+              if r.rate_per_s < first and r.rate_per_s not in searched]
+    return (sorted(ladder, key=lambda t: t[0])
+            + [(s.rate_per_s, s.attained) for s in steps])
 
 
 def capacity(rungs: Sequence[Rung], slo: Slo, attainment: float = DEFAULT_ATTAINMENT,

@@ -144,3 +144,22 @@ def test_a_rate_the_search_runs_again_is_judged_on_its_search_rung_only():
     steps = run_search(1.5, start=4.0, floor=1.0, rungs=2)  # 4 misses, then 2 misses
     cap = heldout.capacity(ladder, SLO, steps=steps)
     assert cap["rates"] == [1.0, 4.0, 2.0] and cap["live"] == 1.0 and cap["missed"] == 2.0, cap
+
+
+def test_a_first_doubling_that_falls_behind_is_bisected_for_the_knee():
+    """100 ms a request serves 10/s: from a light rate of 6/s the first doubling (12/s) falls behind,
+    so the knee lies between; the ladder tries the geometric midpoints and the knee is the highest
+    that kept up, not the 12/s that did not (which put llama-server's knee workload past its
+    capacity)."""
+    server = fifo(100.0)
+    knee, rungs = heldout.ladder(server, {}, 6.0, heldout.NUM_REQUESTS, SLO)
+    rates = [r.rate_per_s for r in rungs]
+    assert rates[:2] == [6.0, 12.0] and not rungs[1].keeps_up, rates
+    assert len(rungs) == 2 + heldout.REFINE_RUNGS and all(6.0 < r < 12.0 for r in rates[2:]), rates
+    assert rates[2] == pytest.approx(72 ** 0.5, abs=1e-3)
+    kept = [r.rate_per_s for r in rungs[2:] if r.keeps_up]
+    assert knee == (max(kept) if kept else min(rates[2:])) and 6.0 < knee < 12.0, (knee, rungs)
+    # a ladder whose doublings keep up is not refined: the knee is the last that did
+    knee, rungs = heldout.ladder(server, {}, 1.0, heldout.NUM_REQUESTS, SLO)
+    assert [r.rate_per_s for r in rungs] == [1.0, 2.0, 4.0, 8.0, 16.0][:len(rungs)] and knee < 10.0
+    assert knee == max(r.rate_per_s for r in rungs if r.keeps_up)
