@@ -8,8 +8,8 @@ its proposer found any (ngram: when its prompt lookup matched), else it decodes 
 
 from __future__ import annotations
 
+import hashlib
 import math
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -145,14 +145,22 @@ def proposes(seq_id: str, produced: int, share: float) -> bool:
     """Whether a row's proposer finds drafts at this step: `share` of its row-steps, picked by a hash
     of the request and its tokens so far (deterministic, spread over the run, and the same in the
     twin and in the driver of vLLM's own scheduler)."""
-    return share >= 1.0 or zlib.crc32(f"{seq_id}:{produced}".encode()) < share * 2**32
+    return share >= 1.0 or _uniform(f"{seq_id}:{produced}") < share
 
 
 def draft_length(seq_id: str, produced: int, mean: float) -> int:
     """A proposal's length at this step: the whole number above `mean` for mean's fraction of
     proposals, else the one below, picked by a second hash of the request and its tokens so far."""
     whole = math.floor(mean)
-    return whole + int(zlib.crc32(f"{seq_id}:{produced}:length".encode()) < (mean - whole) * 2**32)
+    return whole + int(_uniform(f"{seq_id}:{produced}:length") < mean - whole)
+
+
+def _uniform(key: str) -> float:
+    """A draw in [0, 1) fixed by `key`. A cryptographic hash, not CRC-32: CRC is linear, so the
+    draws of one row's neighbouring token counts were related, and along the counts a row visits
+    (a proposing step skips ahead by its accepted drafts) a share of 0.379 proposed at 0.47 of the
+    row-steps: the twin drafted 21-29% more than vLLM."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
 
 
 def _draft_tokens(value: object, k: int) -> float:

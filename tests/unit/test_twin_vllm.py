@@ -93,6 +93,20 @@ def test_a_row_without_proposals_decodes_one_token():
         steps(1.5)
 
 
+@pytest.mark.parametrize("share", [0.2, 0.379, 0.6])
+def test_the_share_holds_along_the_counts_a_row_visits(share, monkeypatch):
+    """A proposing row skips ahead by its accepted drafts, so a row's draws are taken at the token
+    counts it visits, not at every count. With CRC-32 draws (linear: neighbouring counts' draws are
+    related) a share of 0.379 proposed at 0.47 of the row-steps of the held-out workload."""
+    import coopsched.twins.vllm as vllm
+
+    drawn: list[bool] = []
+    real = vllm.proposes
+    monkeypatch.setattr(vllm, "proposes", lambda *a: drawn.append(real(*a)) or drawn[-1])
+    run([req(f"w{i:04d}", 4, max_tokens=48, at=5.0 * i) for i in range(64)], k=4, accept=0.75, propose_share=share)
+    assert len(drawn) > 1000 and sum(drawn) / len(drawn) == pytest.approx(share, abs=0.03)
+
+
 def test_proposals_are_as_long_as_the_servers_on_average():
     # vLLM's ngram proposals held 3.29 tokens at K = 4: 29% of proposals draft 4, the rest 3
     def widths(mean):
