@@ -59,6 +59,38 @@ def test_a_proposal_is_as_long_as_vllms_were():
     assert "draft_tokens 3.292" in got.evidence
 
 
+class ProposingServer:
+    """A stand-in vLLM with ngram at K = 4: each request of 48 tokens (its first from the prefill) runs
+    24 row-steps, 9 of them proposing 3.3 tokens, 2.5 of those accepted."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.totals = counters(0, 0, 0, 0, 0)
+
+    def body(self, prompt: str, max_tokens: int, speculative: bool) -> dict:
+        return {"prompt": prompt, "max_tokens": max_tokens, "speculative": speculative}
+
+    def collect(self, body: dict) -> None:
+        self.sent.append(body)
+        for name, add in zip(self.totals, (48, 1, 9, 9 * 3.3, 23)):
+            self.totals[name] += add
+
+    def scrape(self) -> dict[str, float]:
+        return dict(self.totals)
+
+
+def test_the_proposals_are_read_over_lone_requests_like_served_ones():
+    server = ProposingServer()
+    got = sp.proposals_probe(server, server.scrape, 4)  # type: ignore[arg-type]
+    assert len(server.sent) == sp.ACCEPT_PROBES == 64 and all(b["speculative"] for b in server.sent)
+    assert {b["max_tokens"] for b in server.sent} == {sp.ACCEPT_TOKENS}
+    lengths = [len(b["prompt"]) for b in server.sent]
+    assert (min(lengths), max(lengths)) == sp.ACCEPT_CHARS and len(set(lengths)) > 40  # spread, not 16 characters
+    # 48 - 1 - 23 = 24 row-steps a request, 9 proposing: share 0.375, 3.3 tokens a proposal, 1 + 23 / 9 emitted
+    assert got is not None and got.share == pytest.approx(0.375) and got.length == pytest.approx(3.3)
+    assert fit.expected_tokens_per_round(got.accept, 4.3) == pytest.approx(1 + 23 / 9, abs=1e-6)
+
+
 @pytest.mark.parametrize("p, k", [(0.3, 3.0), (0.6, 3.29), (0.9, 4.5)])
 def test_a_fractional_round_is_the_whole_rounds_either_side_mixed(p, k):
     low, high = fit.expected_tokens_per_round(p, int(k)), fit.expected_tokens_per_round(p, int(k) + 1)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from harness.calibrate import fit
-from harness.calibrate.target import Server, text_prompt
+from harness.calibrate.target import ACCEPT_CHARS, ACCEPT_PROBES, ACCEPT_TOKENS, Server, spread_prompts, text_prompt
 from harness.live import client
 from mocks.cost import CostModel
 
@@ -29,10 +29,9 @@ STALL_TOKENS, STALL_ARRIVALS, STALL_REPEATS = 256, 8, 3
 # wake_ms: every slot holding a stream of this many tokens, with this many requests queued behind them
 # (each stream timed from its WAKE_SETTLE-th token on, when the queued requests' own HTTP work is done)
 WAKE_TOKENS, WAKE_SETTLE, WAKE_QUEUED, WAKE_REPEATS = 128, 32, (0, 12, 24), 3
-# accept_prob: lone speculative requests with prompts spread over the served lengths (the drafter's
+# accept_prob: lone speculative requests with prompts spread over the served lengths (target.ACCEPT_*; the drafter's
 # agreement moves with the text: three prompts read 0.60 and 0.69 in two calibrations of one server;
 # 15 pools of 24 on five servers read 0.713-0.816, a 24-pool's sd 0.036 in the accepted share; 64: 0.022)
-ACCEPT_PROBES, ACCEPT_CHARS, ACCEPT_TOKENS = 64, (24, 192), 48
 
 
 def llamacpp_reported(props: dict | None, slots: list | None) -> tuple[dict, list[str]]:
@@ -307,12 +306,10 @@ def acceptance(server: Server, n_max: int, probes: int = ACCEPT_PROBES) -> tuple
     tokens drafted, as the per-draft acceptance that gives as many tokens a round at K = n_max + 1."""
     scrape = lambda: client.spec_counters(client.settled(lambda: client.try_scrape(server.url)))
     before = scrape()
-    low, high = ACCEPT_CHARS
-    key = time.monotonic_ns()
-    for i in range(probes):
-        chars = low + (high - low) * i // max(probes - 1, 1)
-        client.collect(server.url, server.body(text_prompt(chars, f"accept:{key}:{i}"), ACCEPT_TOKENS, True))
+    for prompt in spread_prompts("accept", probes):
+        client.collect(server.url, server.body(prompt, ACCEPT_TOKENS, True))
     after = scrape()
+    low, high = ACCEPT_CHARS
     if before is None or after is None or before.get("accepted") is None or after.get("accepted") is None:
         return None, "accept_prob: the server counts no accepted drafts (/metrics); the timing fit's is kept"
     drafted, accepted = after["draft_tokens"] - before["draft_tokens"], after["accepted"] - before["accepted"]
