@@ -2,10 +2,10 @@
 
 Both run the same requests on the same mock model and costs: vLLM's scheduler plans each step
 (`schedule()`), coopsched's executor runs it as a plan on the mock (so a step costs what the twin's
-would), and the mock's tokens go back as a `ModelRunnerOutput` (`update_from_output`), with K draft
-ids for the rows past their prompt that the twin's proposer rule picks, as many as the twin's rule
-for a proposal's length says (`update_draft_token_ids`; every such row, K each, at a share of 1 and
-no draft_tokens), as vLLM's scheduler unit tests drive it.
+would), and the mock's tokens go back as a `ModelRunnerOutput` (`update_from_output`), with draft
+ids for the rows past their prompt that the twin's proposer rule picks, as many as its rule for a
+proposal's length says (`update_draft_token_ids`; every such row, K each, at a share of 1 and no
+draft_tokens), as vLLM's scheduler unit tests drive it.
 Needs vLLM (the `interop` env); `vllm` is imported only here.
 """
 

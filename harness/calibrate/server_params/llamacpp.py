@@ -29,9 +29,10 @@ STALL_TOKENS, STALL_ARRIVALS, STALL_REPEATS = 256, 8, 3
 # wake_ms: every slot holding a stream of this many tokens, with this many requests queued behind them
 # (each stream timed from its WAKE_SETTLE-th token on, when the queued requests' own HTTP work is done)
 WAKE_TOKENS, WAKE_SETTLE, WAKE_QUEUED, WAKE_REPEATS = 128, 32, (0, 12, 24), 3
-# accept_prob: lone speculative requests with prompts spread over the served lengths (target.ACCEPT_*; the drafter's
-# agreement moves with the text: three prompts read 0.60 and 0.69 in two calibrations of one server;
-# 15 pools of 24 on five servers read 0.713-0.816, a 24-pool's sd 0.036 in the accepted share; 64: 0.022)
+# accept_prob: lone speculative requests with prompts spread over the served lengths (target.ACCEPT_*;
+# the drafter's agreement moves with the text: three prompts read 0.60 and 0.69 in two calibrations of
+# one server; 15 pools of 24 on five servers read 0.713-0.816, a 24-pool's sd 0.036 in the accepted
+# share; 64: 0.022)
 
 
 def llamacpp_reported(props: dict | None, slots: list | None) -> tuple[dict, list[str]]:
