@@ -307,3 +307,15 @@ def test_a_context_slope_is_spread_over_the_positions_its_probes_verified(length
     slope, length = 0.000596, length or 0.0
     mean = share * (1 + length) * slope / width + (1 - share) * slope / width
     assert mean == pytest.approx(slope)
+
+
+def test_a_lone_streams_steps_are_the_twins_spread():
+    # one SSE event a step: 98 steps of 1.85 ms, one of 2.45 and one of 4.1 (a stall)
+    gaps = [1.85] * 98 + [2.45, 4.1]
+    spread = sp.step_spread(gaps)
+    assert spread is not None and len(spread) == fit.NUM_QUANTILES
+    mean = sum(gaps) / len(gaps)
+    assert spread[50] == pytest.approx(1.85 / mean, abs=0.01) and spread[-1] == pytest.approx(4.1 / mean, abs=0.02)
+    from mocks.cost import quantile_mean
+    assert quantile_mean(spread) == pytest.approx(1.0, abs=1e-3)  # a step keeps its mean price
+    assert sp.step_spread([1.9]) is None and sp.step_spread([]) is None
