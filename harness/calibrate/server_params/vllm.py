@@ -378,7 +378,7 @@ def arrival_excess(server: Server, scrape: Callable[[], dict[str, float] | None]
     prompt tokens vLLM counted for all of them)."""
     before = folded(client.settled(scrape))
     key = time.monotonic_ns()
-    tokens = min(STALL_TOKENS, (server.context_tokens or 2 * STALL_TOKENS) - 2 * STEP_PROMPT)
+    tokens = stream_tokens(server)
     bodies = [server.body(text_prompt(STEP_PROMPT, f"stall:{key}"), tokens, False)] + [
         server.body(text_prompt(chars, f"stall:{key}:{i}"), 1, False) for i in range(STALL_ARRIVALS)]
     outs = server.together(bodies, [0.0] + [STALL_GAP_MS * (i + 1) for i in range(STALL_ARRIVALS)])
@@ -387,6 +387,11 @@ def arrival_excess(server: Server, scrape: Callable[[], dict[str, float] | None]
     sent = [((o.sent_ns - origin) / 1e6, arrivals_ms(o, origin)[0]) for o in outs[1:]]
     base, excess = arrival_stalls(arrivals_ms(outs[0], origin)[0], [(s, t[0]) for s, t in sent if t])
     return base, excess, after.get(PROMPT_TOKENS, 0.0) - before.get(PROMPT_TOKENS, 0.0)
+
+
+def stream_tokens(server: Server) -> int:
+    """A probe stream's budget: STALL_TOKENS, within the server's context beside its prompt."""
+    return min(STALL_TOKENS, (server.context_tokens or 2 * STALL_TOKENS) - 2 * STEP_PROMPT)
 
 
 def step_spread(gaps_ms: list[float]) -> list[float] | None:
@@ -401,7 +406,7 @@ def step_spread(gaps_ms: list[float]) -> list[float] | None:
 def stream_spread(out: VllmFit, server: Server) -> None:
     """jitter_quantiles for every step term (decode, verify, fused) from one lone stream of
     STALL_TOKENS; none when it had too few steps."""
-    tokens = min(STALL_TOKENS, (server.context_tokens or 2 * STALL_TOKENS) - 2 * STEP_PROMPT)
+    tokens = stream_tokens(server)
     got = server.together([server.body(text_prompt(STEP_PROMPT, f"spread:{time.monotonic_ns()}"), tokens, False)])[0]
     times, _ = arrivals_ms(got)
     spread = step_spread([b - a for a, b in pairwise(times)])
