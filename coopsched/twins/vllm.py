@@ -85,17 +85,23 @@ class VllmModel(StepModel):
         for request in rows:
             if step.budget <= 0:
                 break
-            produced = len(request.output_token_ids)
-            width = 1 + (draft_length(request.id, produced, self.draft_tokens)
-                         if self.num_spec and proposes(request.id, produced, self.propose_share) else 0)
             if request.num_prefilled < len(request.prompt_token_ids):
                 step.add_span(self.span(request, step.budget))
-            elif 1 < width <= step.budget:
+                continue
+            width = 1 + self._drafts(request)
+            if 1 < width <= step.budget:
                 step.verifies.append(Verify(request.id, request.last_token, width))  # type: ignore[arg-type]
                 step.budget -= width
             else:  # no proposal, or too little budget for it (vLLM trims the drafts; the twin decodes)
                 step.decodes.append((request.id, request.last_token))  # type: ignore[arg-type]
                 step.budget -= 1
+
+    def _drafts(self, request: Request) -> int:
+        """The drafts a decoding row's proposer finds this step: none, or a proposal's length."""
+        produced = len(request.output_token_ids)
+        if not self.num_spec or not proposes(request.id, produced, self.propose_share):
+            return 0
+        return draft_length(request.id, produced, self.draft_tokens)
 
     def admit_waiting(self, step: Step) -> list[Request]:
         """Waiting requests FIFO while the step has budget, a running place and a KV slot; the
