@@ -6,7 +6,9 @@ cancellation, appending, the acceptance walk, finishing and the books are the sa
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import ClassVar, NamedTuple
 
 from coopsched.core.append import Vocab, append
@@ -44,6 +46,30 @@ def ms_value(kind: str, name: str, value: object) -> float:
     return float(value)
 
 
+def idle_table(kind: str, name: str, value: object) -> tuple[tuple[float, float], ...]:
+    """A table param of `[idle ms, extra ms]` pairs, idle rising, or a ValueError naming it."""
+    try:
+        table = tuple((ms_value(kind, name, idle), ms_value(kind, name, extra))
+                      for idle, extra in value)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        table = None
+    if table is None or any(b[0] <= a[0] for a, b in pairwise(table)):
+        raise ValueError(f"server_params {name}={value!r}: a {kind} twin wants [idle ms, extra ms] pairs, "
+                         "idle ms rising, e.g. [[5, 0.4], [20, 1.1]]")
+    return table
+
+
+def idle_extra_ms(table: Sequence[tuple[float, float]], idle_ms: float) -> float:
+    """The extra of an `idle_table` after `idle_ms` idle: 0 at no idle, linear between its points,
+    its last beyond them."""
+    points = [(0.0, 0.0), *table] if table and table[0][0] > 0 else list(table)
+    i = bisect_right(points, (idle_ms, float("inf")))
+    if i == 0 or i == len(points):
+        return points[-1][1] if i else 0.0
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (idle_ms - x0) / (x1 - x0)
+
+
 class StepModel:
     """The Engine's scheduler surface for a server that runs one forward per step over its rows."""
     kind: ClassVar[str] = ""
@@ -52,6 +78,7 @@ class StepModel:
     frontend_busy_ms: float = 0.0  # more frontend for a request sent while the engine is in a step (the runner adds it)
     frontend_stall_ms: float = 0.0  # engine-core time each arrival's frontend takes (the runner stretches forwards)
     wake_ms: float = 0.0  # core time a streamed token takes waking each other request's frontend (the runner charges)
+    idle_wake: tuple[tuple[float, float], ...] = ()  # more frontend after the server sat idle (the runner adds it)
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
                  keep_history: bool = True, vocab: Vocab | None = None) -> None:
@@ -61,6 +88,7 @@ class StepModel:
         self.frontend_busy_ms = self.ms_param("frontend_busy_ms")
         self.frontend_stall_ms = self.ms_param("frontend_stall_ms")
         self.wake_ms = self.ms_param("wake_ms")
+        self.idle_wake = idle_table(self.kind, "idle_wake_ms", self.params.get("idle_wake_ms") or [])
         self.vocab = vocab
         self.kv = KVSlotPool(config.num_kv_slots, config.slot_tokens)
         self.obs = BatchObservability(keep_history)

@@ -47,6 +47,10 @@ class LlamaCppModel(StepModel):
               "ms of the slot loop's core each streamed token takes waking the HTTP thread of every other "
               "request in the server (all wait on one condition variable): charged after a step, for its "
               "tokens x the requests beyond its rows (waiting for a slot, or still prompting)"),
+        Param("idle_wake_ms", [], "(the machine: no flag)",
+              "[idle ms, extra ms] pairs: how much later than frontend_ms a request reaches the slot loop "
+              "when the server had done no step for that long before its send (a server gone cold); "
+              "0 at no idle, linear between the points, the last beyond them"),
     )
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None,

@@ -20,7 +20,7 @@ from coopsched.env import Gates
 from coopsched.twins import KINDS, UNKNOWN, StepModel, make_scheduler, model_class, reference_params
 from harness.run import metrics
 from harness.run.scenario import Scenario
-from harness.run.shared_core import BusyClock, BusyFrontendArrivals, SharedCoreClock, wake_charge
+from harness.run.shared_core import BusyClock, FrontendArrivals, SharedCoreClock, wake_charge
 from mocks import CostModel, MockBackend, MockDrafter, MockTarget
 
 BackendFactory = Callable[[object, Scenario, int], ModelBackend]  # (clock, scenario, seed) -> backend
@@ -137,7 +137,8 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     stall = twin.frontend_stall_ms if twin else 0.0  # the frontend's work on the engine's core, from each send
     charged = SharedCoreClock(clock, [r.arrival_ms for r in requests], stall) if stall else clock
     busy = twin.frontend_busy_ms if twin else 0.0  # more frontend for a request sent while the engine is in a step
-    steps = BusyClock(charged) if busy else None  # when the engine was in a step, for the frontends
+    cold = twin.idle_wake if twin else ()  # ... or after the engine sat idle a while
+    steps = BusyClock(charged) if busy or cold else None  # when the engine was in a step, for the frontends
     charged = steps or charged
     backend = reports_live_caches(backend_factory(charged, scenario, seed))
     token_times: dict[str, list[float]] = {r.id: [] for r in requests}
@@ -150,13 +151,13 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     for request in requests if frontend else ():  # open loop: each reaches the scheduler that much later ...
         request.arrival_ms += frontend
     if steps:
-        arrivals = BusyFrontendArrivals(requests, sends, busy, steps)
+        arrivals = FrontendArrivals(requests, sends, steps, busy, cold)
     try:
         wake = twin.wake_ms if twin else 0.0  # each streamed token's wake of the other requests' HTTP threads
         on_tick = wake_charge(scheduler, charged, wake) if wake else None
         result = Engine(scheduler, backend, clock, on_event=record, on_tick=on_tick).run(arrivals, keep_events=False)
     finally:
-        for request in requests if frontend or busy else ():  # ... and its TTFT counts from when the client sent it
+        for request in requests if frontend or steps else ():  # ... and its TTFT counts from when the client sent it
             request.arrival_ms = sends[request.id]  # (a closed loop's arrivals are set as it runs: kept)
     return Run(scenario, config, getattr(backend, "cost", None), clock.kind, requests,
                token_times, result.ticks, scheduler, backend)

@@ -2,15 +2,17 @@
 and a forward that overlaps it finishes that much later (the frontend first: its work is short and
 the OS schedules the waking process), computed from the open-loop send times alone; and a request
 sent while the engine is in a step reaches it later than one sent to an idle engine (its frontend
-waits for the core), decided as the steps are charged."""
+waits for the core), and one sent to an engine idle a while later still (a cold server), decided as
+the steps are charged."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from coopsched.core import Request
 from coopsched.engine import Arrivals
+from coopsched.twins.base import idle_extra_ms
 
 
 def busy_spans(sends_ms: Iterable[float], stall_ms: float) -> list[tuple[float, float]]:
@@ -88,23 +90,34 @@ class BusyClock:
         i = bisect_right(self.starts, t_ms) - 1
         return i >= 0 and t_ms < self.ends[i]
 
+    def idle_for(self, t_ms: float) -> float:
+        """How long the engine had been out of a step at `t_ms` (inf before its first)."""
+        i = bisect_right(self.starts, t_ms) - 1
+        return max(t_ms - self.ends[i], 0.0) if i >= 0 else float("inf")
+
     def __getattr__(self, name: str):
         return getattr(self._clock, name)
 
 
-class BusyFrontendArrivals(Arrivals):
-    """Open-loop arrivals (already `frontend_ms` after their `sends_ms`) whose frontend takes
-    `busy_ms` more when the request was sent while the engine was in a step (a frontend on the
-    engine's core waits for it): the head's arrival is decided once the steps up to its send are
-    charged. Requests keep their send order (one frontend queue: none overtakes an earlier one)."""
+class FrontendArrivals(Arrivals):
+    """Open-loop arrivals (already `frontend_ms` after their `sends_ms`) whose frontend takes longer
+    by the engine's state at the send: `busy_ms` more when the engine was in a step (a frontend on
+    the engine's core waits for it), `idle_wake` (an idle_table, base.idle_extra_ms) more after the
+    engine had sat idle (a server gone cold: its first request after 20 ms idle took 1.1 ms more
+    than one sent straight after another, on llama-server). The head's arrival is decided once the
+    steps up to its send are charged. Requests keep their send order (one frontend queue: none
+    overtakes an earlier one)."""
 
-    def __init__(self, requests: Iterable[Request], sends_ms: Mapping[str, float], busy_ms: float,
-                 steps: BusyClock) -> None:
-        self.sends_ms, self.busy_ms, self.steps = sends_ms, busy_ms, steps
+    def __init__(self, requests: Iterable[Request], sends_ms: Mapping[str, float], steps: BusyClock,
+                 busy_ms: float = 0.0, idle_wake: Sequence[tuple[float, float]] = ()) -> None:
+        self.sends_ms, self.steps, self.busy_ms, self.idle_wake = sends_ms, steps, busy_ms, tuple(idle_wake)
         super().__init__(requests)
 
     def _extra(self, request: Request) -> float:
-        return self.busy_ms if self.steps.in_step(self.sends_ms[request.id]) else 0.0
+        send = self.sends_ms[request.id]
+        if self.steps.in_step(send):
+            return self.busy_ms
+        return idle_extra_ms(self.idle_wake, self.steps.idle_for(send))
 
     def next_ms(self) -> float:
         head = self._heap[0][2]

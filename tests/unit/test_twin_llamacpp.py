@@ -220,7 +220,7 @@ def test_a_slot_at_its_last_token_decodes_in_the_verify_forward():
 def test_every_param_names_the_flag_it_mirrors():
     assert {p.name for p in LlamaCppModel.PARAMS} == {"parallel", "batch_size", "cont_batching", "draft_model",
                                                       "spec_draft_n_max", "spec_draft_n_min", "frontend_ms",
-                                                      "frontend_stall_ms", "wake_ms"}
+                                                      "frontend_stall_ms", "wake_ms", "idle_wake_ms"}
     assert all((p.flag.startswith("--") or "no flag" in p.flag) and p.meaning for p in LlamaCppModel.PARAMS)
 
 

@@ -94,11 +94,11 @@ def _no_queueing(mp):
 
 
 def _busy_ignored(mp):
-    mp.setattr(shared_core.BusyFrontendArrivals, "_extra", lambda self, request: 0.0)
+    mp.setattr(shared_core.FrontendArrivals, "_extra", lambda self, request: 0.0)
 
 
 def _busy_always(mp):
-    mp.setattr(shared_core.BusyFrontendArrivals, "_extra", lambda self, request: self.busy_ms)
+    mp.setattr(shared_core.FrontendArrivals, "_extra", lambda self, request: self.busy_ms)
 
 
 PLANTS = {

@@ -1,7 +1,8 @@
 """llama-server: what it reports (slots, a draft model), its draft cap, and its step costs by width and by
 the cache each step reads, from its own counts; its frontend time, which the twin delays arrivals by, and
-the core time each arrival's HTTP work takes from the slot loop (frontend_stall_ms), and what each streamed
-token costs it to wake the HTTP threads of the requests waiting in the server (wake_ms)."""
+the core time each arrival's HTTP work takes from the slot loop (frontend_stall_ms), what each streamed
+token costs it to wake the HTTP threads of the requests waiting in the server (wake_ms), and how much
+later a request sent to a server that sat idle reaches it (idle_wake_ms)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from harness.live import client
 from mocks.cost import CostModel
 
 from .context import context_slope, mean_cached
+from .idle import idle_ttfts, idle_wake
 from .kinds import Fitted, Say
 
 PROBE_TOKENS = 64   # a lone speculative request's budget: its rounds give the draft cap
@@ -94,6 +96,8 @@ def fit_llamacpp(server: Server) -> tuple[dict, list[str]]:
     evidence.append(line)
     if pairs:
         params["frontend_ms"] = frontend
+    params["idle_wake_ms"], line = idle_wake(idle_ttfts(server))
+    evidence.append(line)
     before = client.spec_counters(client.settled(lambda: client.try_scrape(url)))
     client.collect(url, body(text_prompt(32, "draft-cap"), PROBE_TOKENS, True))
     after = client.spec_counters(client.settled(lambda: client.try_scrape(url)))
