@@ -363,9 +363,9 @@ def _heldout(args: argparse.Namespace, server, the_twin, before, config, console
     keeps_books = kind in BOOK_KINDS
     scrape = lambda: client.settled(lambda: client.try_scrape(server.url)) if keeps_books else None
 
-    def live(scen, _run):
+    def live(scen, _run, give_up):
         scraped = scrape()
-        rows = target.measure_workload(server, scen.specs(heldout.SEED), next(prompt_seeds))
+        rows = target.measure_workload(server, scen.specs(heldout.SEED), next(prompt_seeds), give_up)
         kept["live"] = books.server_books(scraped, scrape())
         return twin.timed_of(scen.specs(heldout.SEED), rows)
 

@@ -45,7 +45,8 @@ RULE = (f"|error| <= max(tolerance, {SPREAD_FACTOR:g} x spread); spread = (max -
 CAPACITY_SLO = "itl_ms=250,ttft_ms=2000"  # the capacity's SLO: every gap and the TTFT of a request
 DRIFT_NOTE = 0.15  # a failed check whose server's one-row ticks moved more than this from their prices says so
 
-Run = Callable[[Scenario, int], list[Timed]]  # (scenario at a rate, run index) -> the requests as served
+# (scenario at a rate, run index, a capacity rung's way out or None) -> the requests as served
+Run = Callable[[Scenario, int, "search.GiveUp | None"], list[Timed]]
 Predict = Callable[[Scenario], list[Timed]]   # a twin: scenario -> the requests as it serves them
 Books = Callable[[str], dict | None]  # side ("live", "twin", "before") -> the books of its run just made
 
@@ -131,10 +132,11 @@ class Rung:
                 **{f"{name}_slo_attainment": _r4(v) for name, v in self.twins.items()}}
 
 
-def run_once(live: Run, twins: dict[str, Predict], scen: Scenario, slo: Slo) -> tuple[dict, float, dict]:
-    """One live run of `scen` and one on each twin: the live figures, the live run's seconds (first
-    arrival to last token) and each twin's attainment of `slo`."""
-    timed = by_ask(scen, live(scen, 0))
+def run_once(live: Run, twins: dict[str, Predict], scen: Scenario, slo: Slo,
+             give_up: search.GiveUp | None = None) -> tuple[dict, float, dict]:
+    """One live run of `scen` (which may stop early by `give_up`) and one on each twin: the live
+    figures, the live run's seconds (first arrival to last token) and each twin's attainment of `slo`."""
+    timed = by_ask(scen, live(scen, 0, give_up))
     ends = [t.token_times_ms[-1] for t in timed if len(t.token_times_ms)]
     live_s = (max(ends) - min(t.arrival_ms for t in timed)) / 1000.0 if ends else 0.0
     on_twins = {name: run_figures(by_ask(scen, predict(scen)), slo)["slo_attainment"]
@@ -151,11 +153,13 @@ def attainment_of(predict: Predict, slo: Slo) -> Callable[[float, int], float | 
 
 
 def search_step(live: Run, twins: dict[str, Predict], rate: float, requests: int, slo: Slo) -> search.Step:
-    """One rate of the capacity search, live and on the twins."""
+    """One rate of the capacity search, live (given up once hopeless: search.GiveUp) and on the twins."""
     scen = workload(rate, requests)
-    got, live_s, on_twins = run_once(live, twins, scen, slo)
+    give_up = search.GiveUp.of(slo, requests, DEFAULT_ATTAINMENT)
+    got, live_s, on_twins = run_once(live, twins, scen, slo, give_up)
     arrivals_s = max(spec.arrival_ms for spec in scen.specs(SEED)) / 1000.0
-    return search.Step(rate, requests, arrivals_s, live_s, {"live": got["slo_attainment"], **on_twins})
+    return search.Step(rate, requests, arrivals_s, live_s, {"live": got["slo_attainment"], **on_twins},
+                       give_up.gave_up_after if give_up else None)
 
 
 def ladder(live: Run, twins: dict[str, Predict], light: float, num_requests: int, slo: Slo,
@@ -250,7 +254,7 @@ def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM
         live_figures, live_books, predicted, kept = [], [], {}, {}
         for i in range(runs):
             say(f"{name} workload ({rate:g} req/s) live run {i + 1}/{runs}")
-            live_figures.append(run_figures(by_ask(scen, live(scen, i)), slo))
+            live_figures.append(run_figures(by_ask(scen, live(scen, i, None)), slo))
             live_books.append(books("live") if books else None)
         for side, predict in twins.items():
             predicted[side] = run_figures(by_ask(scen, predict(scen)), slo)

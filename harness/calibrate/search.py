@@ -10,7 +10,7 @@ No I/O here: the caller's function runs a rung, live and on the twins.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from harness.run.slo import Slo
@@ -23,6 +23,28 @@ MAX_RUNG_REQUESTS = 4096  # the live time's bound: a rung sends at most this man
 RESOLUTION = 0.1          # stop once the lowest rate that missed is within 10% of the highest that met
 
 
+class GiveUp:
+    """A live rung's way out: once more of its requests have waited past the SLO's TTFT bound for
+    their first token than the attainment allows to miss, the rung has missed whatever comes next,
+    so the client stops sending and cuts the streams still open. A rung past a llama-server's
+    capacity took 73-115 s to drain its 866-1029 requests (every token wakes every waiting
+    request's HTTP thread), with the machine's load at 81; the verdict was known seconds in.
+    `gave_up_after` records how many requests had been sent when it did (None: it ran out)."""
+
+    def __init__(self, ttft_ms: float, requests: int, attainment: float) -> None:
+        self.ttft_ms = ttft_ms
+        self.allowed = math.floor((1.0 - attainment) * requests + EPS)  # misses the rung may have and meet
+        self.gave_up_after: int | None = None
+
+    @classmethod
+    def of(cls, slo: Slo, requests: int, attainment: float) -> GiveUp | None:
+        return None if slo.ttft_ms is None else cls(slo.ttft_ms, requests, attainment)
+
+    def hopeless(self, waited_ms: Iterable[float]) -> bool:
+        """Whether the rung has missed: each sent request's TTFT, or its wait so far without one."""
+        return sum(w > self.ttft_ms for w in waited_ms) > self.allowed
+
+
 @dataclass(frozen=True)
 class Step:
     """One rate of the search: how many requests, the span of their arrivals, how long the live run
@@ -32,6 +54,7 @@ class Step:
     arrivals_s: float
     live_s: float
     attained: dict[str, float | None]  # {"live": share, "twin": share, "before": share}
+    gave_up_after: int | None = None   # the live run stopped, hopeless, with this many requests sent
 
     def met(self, side: str, attainment: float) -> bool:
         got = self.attained[side]
@@ -41,6 +64,7 @@ class Step:
         r3 = lambda v: None if v is None else round(v, 4)
         return {"rate_per_s": self.rate_per_s, "requests": self.requests, "arrivals_s": r3(self.arrivals_s),
                 "live_s": r3(self.live_s), "slo_attainment": r3(self.attained["live"]),
+                **({"gave_up_after_requests": self.gave_up_after} if self.gave_up_after is not None else {}),
                 **{f"{side}_slo_attainment": r3(v) for side, v in self.attained.items() if side != "live"}}
 
 
@@ -86,6 +110,8 @@ def search(run: Callable[[float, int], Step], start: float, floor: float, slo: S
 def step_line(step: Step, index: int, rungs: int, attainment: float) -> str:
     share = lambda v: "-" if v is None else f"{v:.0%}"
     verdict = "met" if step.met("live", attainment) else "missed"
+    if step.gave_up_after is not None:
+        verdict += f", given up after {step.gave_up_after} sent"
     twins = ", ".join(f"{side} {share(v)}" for side, v in step.attained.items() if side != "live")
     return (f"capacity rung {index}/{rungs}: {step.rate_per_s:g} req/s, {step.requests} requests arriving over "
             f"{step.arrivals_s:.1f} s: live {share(step.attained['live'])} {verdict} (took {step.live_s:.1f} s); "

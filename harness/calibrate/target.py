@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness.calibrate import books, fit
+from harness.calibrate.search import GiveUp
 from harness.calibrate.ticks import draft_from_fused
 from harness.live import client
 
@@ -103,40 +104,79 @@ class Server:
             body.update(speculative=speculative, return_token_ids=True, ignore_eos=True)
         return body
 
-    def collect(self, body: dict) -> client.Collected:
-        got = client.collect(self.url, body, timeout_s=TIMEOUT_S)
+    def collect(self, body: dict, **stream) -> client.Collected:
+        """One whole stream (`stream`: client.collect's `into` and `opened`); a failure raises."""
+        got = client.collect(self.url, body, timeout_s=TIMEOUT_S, **stream)
         if got.status == 400 and self.extensions:  # a strict server refuses the extensions: go plain
             self.extensions = False
             plain = {k: v for k, v in body.items() if k not in ("speculative", "return_token_ids", "ignore_eos")}
-            got = client.collect(self.url, plain, timeout_s=TIMEOUT_S)
+            got = client.collect(self.url, plain, timeout_s=TIMEOUT_S, **stream)
         if got.error:
             raise RuntimeError(f"{self.url}: a calibration request failed: {got.error}")
         return got
 
-    def together(self, bodies: Sequence[dict], offsets_ms: Sequence[float] | None = None) -> list[client.Collected]:
-        """Each body streamed from its own thread, sent `offsets_ms` after a common start."""
+    def together(self, bodies: Sequence[dict], offsets_ms: Sequence[float] | None = None,
+                 give_up: GiveUp | None = None) -> list[client.Collected]:
+        """Each body streamed from its own thread, sent `offsets_ms` after a common start. With
+        `give_up` (a capacity rung), a watcher stops the run once it is hopeless: requests not yet
+        sent are not sent and open streams are cut (the server cancels them); those come back
+        `abandoned`, and give_up records how many had been sent."""
         offsets = list(offsets_ms or [0.0] * len(bodies))
-        outs: list[client.Collected | BaseException | None] = [None] * len(bodies)
+        outs = [client.Collected(0) for _ in bodies]  # filled as they stream: the watcher reads them
+        errors: list[BaseException | None] = [None] * len(bodies)
         origin = time.perf_counter_ns() + 2_000_000  # 2 ms for the threads to start
+        stop, lock, conns = threading.Event(), threading.Lock(), []
+
+        def opened(conn) -> None:
+            with lock:
+                conns.append(conn)
+                if stop.is_set():
+                    client.hang_up(conn)
 
         def send(i: int) -> None:
             delay = (origin - time.perf_counter_ns()) / 1e9 + offsets[i] / 1e3
             if delay > 0:
                 time.sleep(delay)
+            if stop.is_set():
+                outs[i].abandoned = True
+                return
             try:
-                outs[i] = self.collect(bodies[i])
-            except BaseException as exc:  # re-raised on the calling thread
-                outs[i] = exc
+                self.collect(bodies[i], into=outs[i], opened=opened if give_up else None)
+            except BaseException as exc:  # re-raised on the calling thread, unless the watcher cut it
+                outs[i].abandoned = stop.is_set()
+                errors[i] = None if outs[i].abandoned else exc
 
         threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(len(bodies))]
         for thread in threads:
             thread.start()
+        if give_up is not None:
+            watch(give_up, outs, stop, lock, conns, threads)
         for thread in threads:
             thread.join(TIMEOUT_S)
-        for out in outs:
-            if isinstance(out, BaseException):
-                raise out
-        return [o for o in outs if isinstance(o, client.Collected)]
+        for exc in errors:
+            if exc is not None:
+                raise exc
+        return outs
+
+
+WATCH_S = 0.05  # how often a capacity rung's watcher looks at the streams
+
+
+def watch(give_up: GiveUp, outs: Sequence[client.Collected], stop: threading.Event, lock: threading.Lock,
+          conns: list, threads: Sequence[threading.Thread]) -> None:
+    """Until the threads are done: every WATCH_S, each sent request's TTFT (or its wait so far); once
+    `give_up` calls it hopeless, stop sending and cut every open stream."""
+    while any(t.is_alive() for t in threads):
+        now = time.perf_counter_ns()
+        waited = [((o.first_token_ns or now) - o.sent_ns) / 1e6 for o in outs if o.sent_ns]
+        if give_up.hopeless(waited):
+            with lock:
+                stop.set()
+                give_up.gave_up_after = len(waited)
+                for conn in conns:
+                    client.hang_up(conn)
+            return
+        time.sleep(WATCH_S)
 
 
 def reported_context(health: dict, model: dict, props: Callable[[], dict | None]) -> tuple[int | None, str]:
@@ -431,16 +471,22 @@ def _line(line: fit.LinearFit) -> dict:
 
 
 # -- the twin check: the fixed workload over HTTP ------------------------------------------------
-def measure_workload(server: Server, specs, seed: int) -> list[dict]:
-    """One run of the workload's requests at their arrival offsets; per request what twin.pooled reads."""
+def measure_workload(server: Server, specs, seed: int, give_up: GiveUp | None = None) -> list[dict]:
+    """One run of the workload's requests at their arrival offsets; per request what twin.pooled reads.
+    With `give_up`, a hopeless run stops early (Server.together): a request it never sent is a row
+    with no token at its planned offset, one it cut keeps the tokens it had."""
     from harness.calibrate.twin import served
 
     bodies = [server.body(bytes(s.prompt_tokens(seed)).decode("utf-8", errors="replace"), s.max_tokens,
                           s.speculative) for s in specs]
-    outs = server.together(bodies, [s.arrival_ms for s in specs])
-    origin = min(o.sent_ns for o in outs)
+    outs = server.together(bodies, [s.arrival_ms for s in specs], give_up)
+    origin = min(o.sent_ns for o in outs if o.sent_ns)
+    first = min(s.arrival_ms for s in specs)
     rows = []
     for spec, got in zip(specs, outs):
+        if not got.sent_ns:
+            rows.append(served(spec.arrival_ms - first, [], spec.speculative))
+            continue
         times, counts = arrivals_ms(got, origin)
         served_spec = served_speculatively(got)
         rows.append(served((got.sent_ns - origin) / 1e6, [t for t, n in zip(times, counts) for _ in range(n)],

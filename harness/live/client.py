@@ -299,17 +299,21 @@ def decode_line(line: bytes | str, now_ns: int) -> Arrival | str | None:
 
 
 def stream(base: str, body: dict, *, path: str = "/v1/completions", timeout_s: float = 300.0,
-           clock=time.perf_counter_ns) -> Iterator[Arrival]:
+           clock=time.perf_counter_ns, opened: Callable[[http.client.HTTPConnection], None] | None = None,
+           ) -> Iterator[Arrival]:
     """POST a streaming request; yield every data event as it arrives, until [DONE].
     Raises StreamError on a non-200 answer, a stream cut before [DONE], or an error event
     (after reading on to the stream's end); closing the generator early drops the
-    connection (the server cancels the request)."""
+    connection (the server cancels the request). `opened` gets the connection once the request
+    is sent (another thread may cut it: see `hang_up`)."""
     host, port, prefix = split_url(base)
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     failed: StreamError | None = None
     try:
         conn.request("POST", prefix + path, json.dumps({**body, "stream": True}),
                      {"Content-Type": "application/json", "Accept": "text/event-stream"})
+        if opened is not None:
+            opened(conn)
         response = conn.getresponse()
         if response.status != 200:
             raise StreamError(f"HTTP {response.status}: {response.read()[:300]!r}", status=response.status)
@@ -344,6 +348,7 @@ class Collected:
     error_event: dict | None = None
     status: int | None = None
     done: bool = False
+    abandoned: bool = False  # the client gave it up (never sent, or its stream cut): not the server's failure
 
     @property
     def counts(self) -> list[int]:
@@ -375,13 +380,22 @@ class Collected:
         """Each token's arrival, ms after origin_ns (a multi-token arrival repeats its time)."""
         return metrics.token_times([(a.time_ns - origin_ns) / 1e6 for a in self.arrivals], self.counts)
 
+    @property
+    def first_token_ns(self) -> int | None:
+        """When the first event that carried tokens arrived (None: none yet)."""
+        return next((a.time_ns for a in self.arrivals if a.n_tokens != 0), None)
+
 
 def collect(base: str, body: dict, *, path: str = "/v1/completions", timeout_s: float = 300.0,
-            clock=time.perf_counter_ns) -> Collected:
-    """Read a whole stream; a failure is kept in `error` along with what arrived before it."""
-    out = Collected(clock())
+            clock=time.perf_counter_ns, into: Collected | None = None,
+            opened: Callable[[http.client.HTTPConnection], None] | None = None) -> Collected:
+    """Read a whole stream; a failure is kept in `error` along with what arrived before it. `into`
+    is filled as the stream arrives (another thread may watch it), `opened` as for `stream`."""
+    out = into if into is not None else Collected(0)
+    out.sent_ns, out.error, out.error_event, out.status, out.done = clock(), None, None, None, False
+    out.arrivals.clear()  # `into` may hold a refused try's
     try:
-        for arrival in stream(base, body, path=path, timeout_s=timeout_s, clock=clock):
+        for arrival in stream(base, body, path=path, timeout_s=timeout_s, clock=clock, opened=opened):
             out.arrivals.append(arrival)
         out.status, out.done = 200, True
     except StreamError as exc:
@@ -389,6 +403,14 @@ def collect(base: str, body: dict, *, path: str = "/v1/completions", timeout_s: 
     except (OSError, ValueError) as exc:  # refused, reset, timed out, a malformed event
         out.error = repr(exc)
     return out
+
+
+def hang_up(conn: http.client.HTTPConnection) -> None:
+    """Cut a stream another thread is reading: its read ends (the server sees the client go)."""
+    try:
+        conn.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+    except (OSError, AttributeError):  # already closed
+        pass
 
 
 def token_counts(arrivals: Sequence[Arrival]) -> list[int]:

@@ -22,7 +22,7 @@ CONFIG = SchedulerConfig(mode="slice", block_size=4)
 SOLO_MS = TRUE.prefill(108) + 48 * TRUE.decode(1)
 
 
-def live(scen, run: int) -> list[Timed]:
+def live(scen, run: int, _give_up=None) -> list[Timed]:
     """The 'server': the true costs, each run its own draws (as a real machine's noise)."""
     result = runner.execute(scen, CONFIG, heldout.SEED,
                             backend_factory=lambda c, s, _seed: runner.mock_backend(c, s, 100 + run, TRUE))
@@ -81,7 +81,7 @@ def test_the_capacity_finds_the_true_twin_and_not_the_slow_one():
 def test_classic_rows_are_the_requests_that_asked_for_none():
     """A server that speculates every request (vLLM with ngram, llama.cpp with a draft model) still
     has classic rows: the requests that asked for no speculation, on both sides."""
-    everything_speculated = lambda scen, run: [replace(t, speculative=True) for t in live(scen, run)]
+    everything_speculated = lambda scen, run, _give_up=None: [replace(t, speculative=True) for t in live(scen, run)]
     report = heldout.check(everything_speculated, predicted_by(TRUE), SOLO_MS, num_requests=24)
     for w in report["workloads"].values():
         row = w["rows"]["classic_itl_p99_ms"]
@@ -114,7 +114,7 @@ def test_step_books_tell_a_twin_that_drafts_every_request_from_one_that_drafts_h
     kept: dict = {}
     everything = lambda scen: replace(scen, workload=replace(scen.workload, speculative_share=1.0))
 
-    def live_all(scen, run: int) -> list[Timed]:
+    def live_all(scen, run: int, _give_up=None) -> list[Timed]:
         result = runner.execute(everything(scen), CONFIG, heldout.SEED,
                                 backend_factory=lambda c, s, _seed: runner.mock_backend(c, s, 100 + run, TRUE))
         kept["live"] = books.twin_books(result)
@@ -141,7 +141,7 @@ WIDTH_ONLY = CostModel(**{**TRUE.to_json(), "decode_ms": [[b, ms + 0.02 * 39 * b
 
 
 def live_on(cost: CostModel):
-    def run(scen, index: int) -> list[Timed]:
+    def run(scen, index: int, _give_up=None) -> list[Timed]:
         result = runner.execute(scen, CONFIG, heldout.SEED,
                                 backend_factory=lambda c, s, _seed: runner.mock_backend(c, s, 100 + index, cost))
         return [Timed(r.id, r.arrival_ms, result.token_times[r.id], r.served_speculatively) for r in result.requests]

@@ -106,7 +106,7 @@ def test_a_rung_has_enough_requests_for_a_queue_past_the_ttft_bound(rate, slo, r
 # -- through the whole held-out check: a server with one FIFO queue ----------------------------
 def fifo(service_ms: float):
     """A fake server: one request at a time, each `service_ms`, first token when it is done."""
-    def run(scen, _run: int = 0) -> list[Timed]:
+    def run(scen, _run: int = 0, _give_up=None) -> list[Timed]:
         free, out = 0.0, []
         for spec in sorted(scen.specs(heldout.SEED), key=lambda s: s.arrival_ms):
             free = max(free, spec.arrival_ms) + service_ms
@@ -163,3 +163,39 @@ def test_a_first_doubling_that_falls_behind_is_bisected_for_the_knee():
     knee, rungs = heldout.ladder(server, {}, 1.0, heldout.NUM_REQUESTS, SLO)
     assert [r.rate_per_s for r in rungs] == [1.0, 2.0, 4.0, 8.0, 16.0][:len(rungs)] and knee < 10.0
     assert knee == max(r.rate_per_s for r in rungs if r.keeps_up)
+
+
+# -- giving a hopeless live rung up ----------------------------------------------------------------
+@pytest.mark.parametrize("requests, attainment, allowed", [(100, 0.9, 10), (1029, 0.9, 102), (32, 0.9, 3),
+                                                         (20, 1.0, 0), (7, 0.5, 3)])
+def test_a_rung_may_miss_as_many_as_the_attainment_leaves(requests, attainment, allowed):
+    give_up = search.GiveUp.of(SLO, requests, attainment)
+    assert give_up is not None and give_up.allowed == allowed
+    waited = [2000.0] * requests + [2000.1] * allowed  # at the bound meets it; over it misses
+    assert not give_up.hopeless(waited)
+    assert give_up.hopeless([*waited, 2500.0])
+
+
+def test_without_a_ttft_bound_a_rung_is_never_given_up():
+    assert search.GiveUp.of(Slo(itl_ms=250), 100, 0.9) is None
+
+
+def test_a_given_up_rung_says_so_in_its_line_and_json():
+    step = search.Step(128.6, 1029, 8.0, 3.1, {"live": 0.41, "twin": 0.33}, gave_up_after=412)
+    assert "live 41% missed, given up after 412 sent (took 3.1 s)" in search.step_line(step, 1, 6, 0.9)
+    assert step.to_json()["gave_up_after_requests"] == 412
+    ran_out = search.Step(64.3, 515, 7.8, 7.8, {"live": 1.0})
+    assert "given up" not in search.step_line(ran_out, 2, 6, 0.9) and "gave_up_after_requests" not in ran_out.to_json()
+
+
+def test_a_search_step_hands_its_live_run_a_way_out():
+    seen = []
+
+    def live(scen, run, give_up):
+        seen.append(give_up)
+        return [Timed(s.id, s.arrival_ms, [s.arrival_ms + 1.0], s.speculative) for s in scen.specs(heldout.SEED)]
+
+    heldout.search_step(live, {}, 10.0, 40, SLO)
+    assert seen[0].ttft_ms == 2000 and seen[0].allowed == 4
+    heldout.search_step(live, {}, 10.0, 40, Slo(itl_ms=250))
+    assert seen[1] is None
