@@ -272,3 +272,20 @@ def test_a_server_counting_no_acceptance_keeps_the_timing_fits(monkeypatch):
     monkeypatch.setattr(llamacpp.client, "try_scrape", server.scrape)
     p, line = llamacpp.acceptance(server, 3)
     assert p is None and "timing fit's is kept" in line
+
+
+def test_a_slow_spell_of_the_machine_moves_no_widths_step_price(monkeypatch):
+    """The step passes are interleaved across widths: four slow passes in a row (the machine's speed
+    moves for seconds at a time) lengthen one pass of each width, and no width's median moves. Done
+    width by width, the same spell took three of B=2's five passes."""
+    calls = []
+
+    def timed(server, rows, chars, speculates, key):
+        calls.append(rows)
+        ms = 0.1 * rows * (2.0 if 5 <= len(calls) <= 8 else 1.0)
+        return ms, ms, 40.0
+
+    monkeypatch.setattr(llamacpp, "_timed", timed)
+    measured = llamacpp._measured(None, (1, 2, 3, 4), 16, False)
+    assert {rows: round(m[1], 6) for rows, m in measured.items()} == {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}
+    assert calls[:8] == [1, 2, 3, 4, 1, 2, 3, 4]

@@ -140,17 +140,23 @@ def _timed(server: Server, rows: int, chars: int, speculates: bool, key: str) ->
             step_ms([(times[-1] - times[0], n) for _, n, times, _ in timed if times], rounds), cached)
 
 
-def _measured(server: Server, rows: int, chars: int, speculates: bool) -> tuple[float, float, float, list] | None:
-    """STEP_REPEATS passes: the least step on the server's clock (a busy core only lengthens a step,
-    so the least is the compute's), the median of the step's price, the median cached tokens, and each
-    pass's client figure. A pass is priced as the client saw it, but never under the server's own
+def _measured(server: Server, rows_each: Sequence[int], chars: int,
+              speculates: bool) -> dict[int, tuple[float, float, float, list, list]]:
+    """STEP_REPEATS rounds of a pass at each width in `rows_each`, interleaved (a slow spell of the
+    machine lengthens every width a little, not one width a lot: on 2026-12-07 four passes in a row
+    of B=3 read 0.45-0.57 ms against 0.25-0.33 on a quiet server, and the twin's knee TTFT p50 came out
+    +330%). Per width: the least step on the server's clock (a busy core only lengthens a step, so the
+    least is the compute's), the median of the step's price, the median cached tokens, and each pass's
+    client and server figures. A pass is priced as the client saw it, but never under the server's own
     time: a first token delivered late, bunched with the next, shortens the client's span."""
-    got = [t for rep in range(STEP_REPEATS)
-           if (t := _timed(server, rows, chars, speculates, f"step:{rows}:{chars}:{rep}"))]
-    if not got:
-        return None
-    return (min(g[0] for g in got), statistics.median(max(g[0], g[1]) for g in got),
-            statistics.median(g[2] for g in got), [g[1] for g in got])
+    got: dict[int, list] = {rows: [] for rows in rows_each}
+    for rep in range(STEP_REPEATS):
+        for rows in rows_each:
+            if t := _timed(server, rows, chars, speculates, f"step:{rows}:{chars}:{rep}"):
+                got[rows].append(t)
+    return {rows: (min(g[0] for g in passes), statistics.median(max(g[0], g[1]) for g in passes),
+                   statistics.median(g[2] for g in passes), [g[1] for g in passes], [g[0] for g in passes])
+            for rows, passes in got.items() if passes}
 
 
 def llamacpp_costs(server: Server, speculates: bool, n_max: int) -> tuple[dict, list[str]]:
@@ -162,22 +168,20 @@ def llamacpp_costs(server: Server, speculates: bool, n_max: int) -> tuple[dict, 
     positions' attention over their caches (context_per_token_ms), and the B-row points are that
     step less their own rows' share."""
     positions = n_max + 1 if speculates else 1
-    measured, evidence = {}, []
-    for rows in STEP_ROWS:
-        if (m := _measured(server, rows, STEP_PROMPT, speculates)) is not None:
-            measured[rows] = m
-            ms, client_ms, cached, seen = m
-            evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {client_ms:.3f} ms (median), "
-                            f"at least {ms:.3f} ms on the server's clock (timings.predicted_ms), so "
-                            f"{client_ms - ms:+.3f} ms of host, delivery and a busy core a step (over "
-                            f"{'rounds' if speculates else 'tokens - 1'}; the client's "
-                            f"{', '.join(f'{x:.3f}' for x in seen)}; {cached:.0f} tokens cached a row)")
+    measured, evidence = _measured(server, STEP_ROWS, STEP_PROMPT, speculates), []
+    shown = lambda values: ", ".join(f"{x:.3f}" for x in values)
+    for rows, (ms, client_ms, cached, seen, own) in measured.items():
+        evidence.append(f"{'verify' if speculates else 'decode'} step at B={rows}: {client_ms:.3f} ms (median), "
+                        f"at least {ms:.3f} ms on the server's clock (timings.predicted_ms), so "
+                        f"{client_ms - ms:+.3f} ms of host, delivery and a busy core a step (over "
+                        f"{'rounds' if speculates else 'tokens - 1'}; the client's {shown(seen)}, the server's "
+                        f"{shown(own)}; {cached:.0f} tokens cached a row)")
     if not measured:
         return {}, ["no step timed from the server's timings: the calibrated decode terms are kept"]
     slope, line = _context_term(server, measured, speculates, positions)
     evidence.append(line)
     points = [[rows * positions, round(max(client_ms - slope * rows * positions * cached, 0.0), 4)]
-              for rows, (_, client_ms, cached, _) in measured.items()]
+              for rows, (_, client_ms, cached, _, _) in measured.items()]
     costs: dict = {"decode_ms": points, "context_per_token_ms": round(slope, 6)}
     if speculates:  # every step's positions priced alike: a verify batch, and a decode or fused step by its width
         costs.update(verify_ms=points, round_ms=None, draft_per_token_ms=0.0, fused_padding="ragged")
@@ -189,9 +193,7 @@ def _context_term(server: Server, measured: dict, speculates: bool, positions: i
     half a slot's context), each against its own short point; the mean of their slopes."""
     chars = min(LONG_PROMPT, (server.context_tokens or 2 * LONG_PROMPT) // 2)
     slopes, said = [], []
-    for rows in (r for r in LONG_ROWS if r in measured):
-        if (long := _measured(server, rows, chars, speculates)) is None:
-            continue
+    for rows, long in _measured(server, [r for r in LONG_ROWS if r in measured], chars, speculates).items():
         short = measured[rows]
         # on the server's clock: the slope is the compute's, whatever the delivery does
         slopes.append(context_slope((short[0], short[2]), (long[0], long[2]), rows * positions))
