@@ -79,6 +79,7 @@ class StepModel:
     frontend_stall_ms: float = 0.0  # engine-core time each arrival's frontend takes (the runner stretches forwards)
     wake_ms: float = 0.0  # core time a streamed token takes waking each other request's frontend (the runner charges)
     idle_wake: tuple[tuple[float, float], ...] = ()  # more frontend after the server sat idle (the runner adds it)
+    draw: int = 0  # which of a twin's runs this is: a model's own draws (vLLM's proposals) are keyed by it
 
     def __init__(self, config: SchedulerConfig, params: Mapping[str, object] | None = None, *,
                  keep_history: bool = True, vocab: Vocab | None = None) -> None:

@@ -99,9 +99,10 @@ class VllmModel(StepModel):
     def _drafts(self, request: Request) -> int:
         """The drafts a decoding row's proposer finds this step: none, or a proposal's length."""
         produced = len(request.output_token_ids)
-        if not self.num_spec or not proposes(request.id, produced, self.propose_share):
+        key = f"{request.id}#{self.draw}" if self.draw else request.id  # draw 0: the differential test's keys
+        if not self.num_spec or not proposes(key, produced, self.propose_share):
             return 0
-        return draft_length(request.id, produced, self.draft_tokens)
+        return draft_length(key, produced, self.draft_tokens)
 
     def admit_waiting(self, step: Step) -> list[Request]:
         """Waiting requests FIFO while the step has budget, a running place and a KV slot; the

@@ -190,8 +190,9 @@ def _alike(live: float | None, twin: float | None) -> bool:
     return live == twin or (live > 0 and abs(twin / live - 1) <= SAME_STEPS)
 
 
-def mean_books(runs: Sequence[dict | None]) -> dict | None:
-    """The live runs' books, averaged per key (None when a run had none)."""
+def mean_per_key(runs: Sequence[dict | None]) -> dict | None:
+    """Several runs' books (or figures), averaged per key: None when a run had none, and a key's
+    None when any run's is."""
     if not runs or any(r is None for r in runs):
         return None
     return {k: (None if any(r[k] is None for r in runs) else round(float(np.mean([r[k] for r in runs])), 4))

@@ -371,7 +371,7 @@ def _heldout(args: argparse.Namespace, server, the_twin, before, config, console
 
     def on(side, profile):
         keep = lambda run: kept.__setitem__(side, books.twin_books(run, kind))
-        return lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED, on_run=keep)
+        return lambda scen, draw: twin.simulate_timed(profile, config, scen, heldout.SEED, on_run=keep, draw=draw)
 
     with _progress(console) as progress:
         task = progress.add_task("held-out workloads", total=None)

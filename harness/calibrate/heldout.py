@@ -1,8 +1,10 @@
 """`calibrate --report`'s held-out check: open-loop Poisson workloads unlike the calibration's, half
 the requests speculative, one light and one near the server's knee (found by a short live ladder of
-doubling rates), each run LIVE_RUNS times live and once on the twin. Per metric: predicted, measured
-(the mean of the live runs), error = predicted / measured - 1, and the live runs' own spread
-((max - min) / mean); a row passes when |error| <= max(its tolerance, SPREAD_FACTOR x spread).
+doubling rates), each run LIVE_RUNS times live and TWIN_DRAWS times on the twin (the same requests,
+its costs and acceptance drawn anew each run). Per metric: predicted (the mean of the twin's runs,
+with their own spread beside it), measured (the mean of the live runs), error = predicted / measured
+- 1, and the live runs' own spread ((max - min) / mean); a row passes when |error| <= max(its
+tolerance, SPREAD_FACTOR x spread).
 Classic rows are the requests that asked for no speculation, on both sides (a server that speculates
 every request still serves them). Beside it: the capacity under CAPACITY_SLO, searched past the
 ladder until the live server misses it (harness/calibrate/search.py), live and on the twin, and
@@ -19,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from harness.calibrate import search
-from harness.calibrate.books import books_line, mean_books, price_drift
+from harness.calibrate.books import books_line, mean_per_key, price_drift
 from harness.run import metrics
 from harness.run.scenario import Scenario
 from harness.run.slo import DEFAULT_ATTAINMENT, Slo, parse_slo
@@ -33,6 +35,8 @@ TOLERANCE = {"aggregate_tok_s": 0.10, "ttft_p50_ms": 0.20, "ttft_p95_ms": 0.25, 
 METRICS = tuple(TOLERANCE)
 SPREAD_FACTOR = 1.5
 LIVE_RUNS = 3
+TWIN_DRAWS = 8  # the twin's prediction is the mean of this many runs, its costs and acceptance drawn anew:
+                # one run's TTFT p95 moved 29-58% between draws (llama.cpp with a draft model, 2026-12-07)
 NUM_REQUESTS = 32
 SEED = 23            # arrivals and lengths: a draw the calibration never makes
 LIGHT_IN_FLIGHT = 0.5  # the light workload: this many requests in flight on average, by the solo life
@@ -47,7 +51,7 @@ DRIFT_NOTE = 0.15  # a failed check whose server's one-row ticks moved more than
 
 # (scenario at a rate, run index, a capacity rung's way out or None) -> the requests as served
 Run = Callable[[Scenario, int, "search.GiveUp | None"], list[Timed]]
-Predict = Callable[[Scenario], list[Timed]]   # a twin: scenario -> the requests as it serves them
+Predict = Callable[[Scenario, int], list[Timed]]  # a twin: (scenario, draw) -> the requests as it serves them
 Books = Callable[[str], dict | None]  # side ("live", "twin", "before") -> the books of its run just made
 
 
@@ -107,10 +111,16 @@ def row(metric: str, predicted: float | None, runs: Sequence[float | None]) -> d
             "runs": [_r4(v) for v in runs]}
 
 
-def compare(predicted: dict, live: Sequence[dict], before: dict | None = None) -> dict:
+def compare(predicted: dict, live: Sequence[dict], before: dict | None = None,
+            draws: Sequence[dict] = ()) -> dict:
     """{metric: row} and the verdict: every judged row passes (a row with no value is not judged).
-    `before`, a second twin's figures, is set beside each row and not judged."""
+    `before`, a second twin's figures, is set beside each row and not judged; `draws`, the twin's
+    runs that `predicted` is the mean of, give each row the twin's own spread (not judged)."""
     rows = {m: row(m, predicted[m], [run[m] for run in live]) for m in METRICS}
+    for metric, r in rows.items() if len(draws) > 1 else ():
+        values = [d[metric] for d in draws if d[metric] is not None]
+        mean = float(np.mean(values)) if len(values) == len(draws) else None
+        r["twin_spread"] = _r4((max(values) - min(values)) / mean) if mean else None
     for metric, r in rows.items() if before is not None else ():
         b, measured = before[metric], r["measured"]
         r["before"] = {"predicted": _r4(b), "error": _r4(b / measured - 1) if b is not None and measured else None}
@@ -139,7 +149,7 @@ def run_once(live: Run, twins: dict[str, Predict], scen: Scenario, slo: Slo,
     timed = by_ask(scen, live(scen, 0, give_up))
     ends = [t.token_times_ms[-1] for t in timed if len(t.token_times_ms)]
     live_s = (max(ends) - min(t.arrival_ms for t in timed)) / 1000.0 if ends else 0.0
-    on_twins = {name: run_figures(by_ask(scen, predict(scen)), slo)["slo_attainment"]
+    on_twins = {name: run_figures(by_ask(scen, predict(scen, 0)), slo)["slo_attainment"]
                 for name, predict in twins.items()}
     return run_figures(timed, slo), live_s, on_twins
 
@@ -148,7 +158,7 @@ def attainment_of(predict: Predict, slo: Slo) -> Callable[[float, int], float | 
     """A twin's attainment of `slo` on the held-out workload at (rate, requests)."""
     def at(rate: float, requests: int) -> float | None:
         scen = workload(rate, requests)
-        return run_figures(by_ask(scen, predict(scen)), slo)["slo_attainment"]
+        return run_figures(by_ask(scen, predict(scen, 0)), slo)["slo_attainment"]
     return at
 
 
@@ -251,17 +261,20 @@ def check(live: Run, twin: Predict, solo_life_ms: float, num_requests: int = NUM
                  "ladder": [r.to_json() for r in rungs], "knee_rate_per_s": knee, "workloads": {}}
     for name, rate in (("light", light), ("knee", knee)):
         scen = workload(rate, num_requests)
-        live_figures, live_books, predicted, kept = [], [], {}, {}
+        live_figures, live_books, predicted, kept, draws = [], [], {}, {}, {}
         for i in range(runs):
             say(f"{name} workload ({rate:g} req/s) live run {i + 1}/{runs}")
             live_figures.append(run_figures(by_ask(scen, live(scen, i, None)), slo))
             live_books.append(books("live") if books else None)
         for side, predict in twins.items():
-            predicted[side] = run_figures(by_ask(scen, predict(scen)), slo)
-            kept[side] = books(side) if books else None
+            draws[side], side_books = [], []
+            for draw in range(TWIN_DRAWS):
+                draws[side].append(run_figures(by_ask(scen, predict(scen, draw)), slo))
+                side_books.append(books(side) if books else None)
+            predicted[side], kept[side] = mean_per_key(draws[side]), mean_per_key(side_books)
         out["workloads"][name] = {"rate_per_s": rate,
-                                  **compare(predicted["twin"], live_figures, predicted.get("before"))}
-        live_mean = mean_books(live_books)
+                                  **compare(predicted["twin"], live_figures, predicted.get("before"), draws["twin"])}
+        live_mean = mean_per_key(live_books)
         if live_mean is not None and all(kept.values()):
             out["workloads"][name]["books"] = {"live": live_mean, **kept}
             out["workloads"][name]["price_drift"] = price_drift(live_mean, kept["twin"])
@@ -286,7 +299,7 @@ def print_check(console, report: dict, title: str) -> None:
     table = Table(title=title, box=None, pad_edge=False, padding=(0, 1), header_style="bold",
                   caption=f"rule: {report['rule']}")
     before = any("before" in r for w in report["workloads"].values() for r in w["rows"].values())
-    columns = ("workload", "metric", "predicted", "measured", "error", "spread", "allowed", "verdict",
+    columns = ("workload", "metric", "predicted", "twin spread", "measured", "error", "spread", "allowed", "verdict",
                *(("before", "its error") if before else ()))
     for col in columns:
         table.add_column(col, justify="left" if col in ("workload", "metric") else "right", no_wrap=True)
@@ -296,7 +309,8 @@ def print_check(console, report: dict, title: str) -> None:
         for metric, r in w["rows"].items():
             verdict = "-" if r["pass"] is None else ("[green]PASS[/]" if r["pass"] else "[red]FAIL[/]")
             b = r.get("before", {})
-            table.add_row(f"{name} {w['rate_per_s']:g}/s", metric, num(r["predicted"]), num(r["measured"]),
+            table.add_row(f"{name} {w['rate_per_s']:g}/s", metric, num(r["predicted"]),
+                          "-" if r.get("twin_spread") is None else f"{r['twin_spread']:.1%}", num(r["measured"]),
                           pct(r["error"]), "-" if r["spread"] is None else f"{r['spread']:.1%}",
                           "-" if r["allowed"] is None else f"{r['allowed']:.0%}", verdict,
                           *((num(b.get("predicted")), pct(b.get("error"))) if before else ()))

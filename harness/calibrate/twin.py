@@ -104,12 +104,12 @@ def simulate(profile: CostModel | runner.Profile, config: SchedulerConfig, seeds
 
 
 def simulate_timed(profile: CostModel | runner.Profile, config: SchedulerConfig, scenario: Scenario,
-                   seed: int, on_run: Callable[[runner.Run], None] | None = None) -> list:
+                   seed: int, on_run: Callable[[runner.Run], None] | None = None, draw: int = 0) -> list:
     """One run of a workload scenario on the profile's twin in virtual time, as a sweep point reads it
-    (`on_run` gets the whole run: its ticks and counters)."""
+    (`on_run` gets the whole run: its ticks and counters; `draw`: runner.execute's)."""
     from harness.sweep.points import Timed
 
-    run = runner.execute(runner.priced(scenario, profile), config, seed)
+    run = runner.execute(runner.priced(scenario, profile), config, seed, draw=draw)
     if on_run:
         on_run(run)
     return [Timed(r.id, r.arrival_ms, run.token_times[r.id], r.served_speculatively) for r in run.requests]

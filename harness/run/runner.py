@@ -124,12 +124,19 @@ def gate_warnings(scenarios: Iterable[Scenario]) -> list[str]:
     return list(dict.fromkeys(w for s in scenarios for w in Gates.from_env(s.gates).warnings))
 
 
+DRAW_STRIDE = 7919  # a twin's draw d prices and accepts with the seed + d x this (its requests keep the seed's)
+
+
 def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
             speculative: bool | None = None, backend_factory: BackendFactory = mock_backend,
-            clock=None) -> Run:
+            clock=None, draw: int = 0) -> Run:
+    """One run of `scenario` under `config`: its requests drawn by `seed`, and, for `draw` > 0, the
+    backend's costs and acceptance (and a step model's own draws) drawn anew over the same requests."""
     clock = clock or ManualClock()
     params = {k: v for k, v in scenario.server.items() if k != "kind"}
     scheduler = make_scheduler(server_kind(scenario), config, params)
+    if isinstance(scheduler, StepModel):
+        scheduler.draw = draw
     requests = scenario.build_requests(seed, speculative)
     arrivals = scenario.arrivals(requests)
     open_loop = isinstance(arrivals, list)
@@ -140,7 +147,7 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     cold = twin.idle_wake if twin else ()  # ... or after the engine sat idle a while
     steps = BusyClock(charged) if busy or cold else None  # when the engine was in a step, for the frontends
     charged = steps or charged
-    backend = reports_live_caches(backend_factory(charged, scenario, seed))
+    backend = reports_live_caches(backend_factory(charged, scenario, seed + DRAW_STRIDE * draw))
     token_times: dict[str, list[float]] = {r.id: [] for r in requests}
 
     def record(event) -> None:

@@ -30,7 +30,7 @@ def live(scen, run: int, _give_up=None) -> list[Timed]:
 
 
 def predicted_by(profile: CostModel):
-    return lambda scen: twin.simulate_timed(profile, CONFIG, scen, heldout.SEED)
+    return lambda scen, draw=0: twin.simulate_timed(profile, CONFIG, scen, heldout.SEED, draw=draw)
 
 
 def test_the_true_profile_passes_every_row():
@@ -122,8 +122,8 @@ def test_step_books_tell_a_twin_that_drafts_every_request_from_one_that_drafts_h
 
     def on(side, speculate_all: bool):
         keep = lambda run: kept.__setitem__(side, books.twin_books(run))
-        return lambda scen: twin.simulate_timed(TRUE, CONFIG, everything(scen) if speculate_all else scen,
-                                                heldout.SEED, on_run=keep)
+        return lambda scen, draw=0: twin.simulate_timed(TRUE, CONFIG, everything(scen) if speculate_all else scen,
+                                                        heldout.SEED, on_run=keep, draw=draw)
 
     report = heldout.check(live_all, on("twin", True), SOLO_MS, num_requests=24, before=on("before", False),
                            books=lambda side: kept.pop(side, None))

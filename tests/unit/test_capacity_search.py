@@ -122,8 +122,8 @@ def test_the_search_finds_the_queue_the_ladder_cannot():
     (12-13 req/s); a twin at 110 ms a request misses one rate sooner."""
     live, twin = fifo(100.0), fifo(110.0)
     lines: list[str] = []
-    ladder_only = heldout.check(live, lambda scen: twin(scen), 400.0, runs=1, capacity_rungs=0)["capacity"]
-    report = heldout.check(live, lambda scen: twin(scen), 400.0, runs=1, log=lines.append)
+    ladder_only = heldout.check(live, lambda scen, draw=0: twin(scen), 400.0, runs=1, capacity_rungs=0)["capacity"]
+    report = heldout.check(live, lambda scen, draw=0: twin(scen), 400.0, runs=1, log=lines.append)
     cap = report["capacity"]
     assert ladder_only["live"] == ladder_only["rates"][-1] == 10.0 and ladder_only["top_rate_is_a_bound"], ladder_only
     assert ladder_only["search"] == [] and ladder_only["missed"] is None, ladder_only

@@ -62,8 +62,8 @@ def test_a_server_without_the_counters_keeps_no_books():
 def test_the_live_books_are_the_runs_mean_and_none_when_a_run_had_none():
     runs = [{"steps": 10, "busy_per_step": 2.0, "drafts": 4, "draft_tokens": 12},
             {"steps": 20, "busy_per_step": None, "drafts": 6, "draft_tokens": 18}]
-    assert books.mean_books(runs) == {"steps": 15.0, "busy_per_step": None, "drafts": 5.0, "draft_tokens": 15.0}
-    assert books.mean_books([runs[0], None]) is None
+    assert books.mean_per_key(runs) == {"steps": 15.0, "busy_per_step": None, "drafts": 5.0, "draft_tokens": 15.0}
+    assert books.mean_per_key([runs[0], None]) is None
 
 
 def coopsched_scrape(ticks: dict, busy_s: float) -> dict:
@@ -101,7 +101,7 @@ def test_a_twins_coopsched_books_are_its_own_ticks():
     worked = [t for t in run.ticks if t.kind.value not in books.FREE]
     assert got["ticks"] == len(worked) and got["busy_ms"] == pytest.approx(sum(t.end_ms - t.start_ms for t in worked))
     assert (got["decode_ms"], got["round_ms"]) == (pytest.approx(2.0), pytest.approx(8.0))  # as priced
-    assert books.mean_books([got, got]) == {k: (None if v is None else round(v, 4)) for k, v in got.items()}
+    assert books.mean_per_key([got, got]) == {k: (None if v is None else round(v, 4)) for k, v in got.items()}
 
 
 def test_the_price_drift_is_the_one_row_ticks_against_their_prices():
