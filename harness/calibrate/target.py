@@ -135,9 +135,7 @@ class Server:
 
         def send(i: int) -> None:
             delay = (origin - time.perf_counter_ns()) / 1e9 + offsets[i] / 1e3
-            if delay > 0:
-                time.sleep(delay)
-            if stop.is_set():
+            if stop.wait(max(delay, 0.0)):  # given up before its send
                 outs[i].abandoned = True
                 return
             try:
