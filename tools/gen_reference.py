@@ -241,9 +241,9 @@ def calibration_report() -> dict:
                                  "/health reports mode='slice' and block_size")
     report = twin.build_report({"slice": runs}, {"slice": runs}, 2, meta)
     kept: dict = {}  # the step books of llama-server's report, here the twin's own counts on both sides
-    on_twin = lambda scen: twin.simulate_timed(profile, config, scen, heldout.SEED,
-                                               on_run=lambda run: kept.update(live=books.twin_books(run)))
-    report["heldout"] = heldout.check(lambda scen, _run: on_twin(scen), on_twin,
+    on_twin = lambda scen, draw=0: twin.simulate_timed(profile, config, scen, heldout.SEED, draw=draw,
+                                                       on_run=lambda run: kept.update(live=books.twin_books(run)))
+    report["heldout"] = heldout.check(lambda scen, _run, _give_up: on_twin(scen), on_twin,
                                       heldout.solo_life_ms(profile.cost), num_requests=8,
                                       books=lambda side: kept.get("live"))
     return report
