@@ -7,7 +7,10 @@ Each entry: the handling it removes, and the fault mix that exercises it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+
+import pytest
 
 import coopsched.core.append as append_module
 import coopsched.core.books as books_module
@@ -178,3 +181,16 @@ def apply(name: str, monkeypatch) -> str | None:
     plant, faults = PLANTS[name]
     plant(monkeypatch)
     return faults
+
+
+def caught(plants: Mapping[str, tuple[Callable, Callable[[], None]]]):
+    """A module's test that each plant is caught: `plants` maps a name to (plant, check), and with
+    the plant applied (it takes the monkeypatch) its check must fail. Assign the result to a
+    module-level `test_...` name."""
+    @pytest.mark.parametrize("name", list(plants))
+    def test_planted_regression_is_caught(name, monkeypatch):
+        plant, check = plants[name]
+        plant(monkeypatch)
+        with pytest.raises(AssertionError):
+            check()
+    return test_planted_regression_is_caught

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from factories import make_backend
+from plants import caught
 
 from coopsched.clock import ManualClock
 from coopsched.core import Request, SamplingParams, SchedulerConfig
@@ -265,9 +266,4 @@ PLANTS = {
 }
 
 
-@pytest.mark.parametrize("name", list(PLANTS))
-def test_planted_regression_is_caught(name, monkeypatch):
-    plant, check = PLANTS[name]
-    plant(monkeypatch)
-    with pytest.raises(AssertionError):
-        check()
+test_planted_regression_is_caught = caught(PLANTS)
