@@ -142,13 +142,13 @@ def _timed(server: Server, rows: int, chars: int, speculates: bool, key: str) ->
 
 def _measured(server: Server, rows_each: Sequence[int], chars: int,
               speculates: bool) -> dict[int, tuple[float, float, float, list, list]]:
-    """STEP_REPEATS rounds of a pass at each width in `rows_each`, interleaved (a slow spell of the
-    machine lengthens every width a little, not one width a lot: on 2026-12-07 four passes in a row
-    of B=3 read 0.45-0.57 ms against 0.25-0.33 on a quiet server, and the twin's knee TTFT p50 came out
-    +330%). Per width: the least step on the server's clock (a busy core only lengthens a step, so the
-    least is the compute's), the median of the step's price, the median cached tokens, and each pass's
-    client and server figures. A pass is priced as the client saw it, but never under the server's own
-    time: a first token delivered late, bunched with the next, shortens the client's span."""
+    """STEP_REPEATS rounds of a pass at each width in `rows_each`, interleaved (the machine's speed
+    moves for seconds at a time: a slow spell shorter than the probe then lengthens one pass of each
+    width, which no median sees, not several of one width). Per width: the least step on the
+    server's clock (a busy core only lengthens a step, so the least is the compute's), the median of
+    the step's price, the median cached tokens, and each pass's client and server figures. A pass is
+    priced as the client saw it, but never under the server's own time: a first token delivered
+    late, bunched with the next, shortens the client's span."""
     got: dict[int, list] = {rows: [] for rows in rows_each}
     for rep in range(STEP_REPEATS):
         for rows in rows_each:
