@@ -38,9 +38,8 @@ def idle_wake(ttfts: Mapping[float, Sequence[float]]) -> tuple[list[list[float]]
     """The table: per idle span, the median TTFT less the median straight after another, never less
     than a shorter span's (a colder server is not faster: a dip is noise) nor 0; empty without
     TTFTs straight after another."""
-    base = ttfts.get(0.0)
     medians = {idle: statistics.median(v) for idle, v in sorted(ttfts.items()) if v}
-    if not base or len(medians) < 2:
+    if 0.0 not in medians or len(medians) < 2:
         return [], "idle_wake_ms: no lone request was timed straight after another; none is charged"
     spans = [idle for idle in medians if idle > 0]
     extras = accumulate((max(medians[idle] - medians[0.0], 0.0) for idle in spans), max)

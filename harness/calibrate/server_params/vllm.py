@@ -407,7 +407,7 @@ def stream_spread(out: VllmFit, server: Server) -> None:
     """jitter_quantiles for every step term (decode, verify, fused) from one lone stream of
     STALL_TOKENS; none when it had too few steps."""
     tokens = stream_tokens(server)
-    got = server.together([server.body(text_prompt(STEP_PROMPT, f"spread:{time.monotonic_ns()}"), tokens, False)])[0]
+    got = server.collect(server.body(text_prompt(STEP_PROMPT, f"spread:{time.monotonic_ns()}"), tokens, False))
     times, _ = arrivals_ms(got)
     spread = step_spread([b - a for a, b in pairwise(times)])
     if spread is None:
