@@ -65,7 +65,7 @@ class StreamingUser(User):
             gevent.sleep(FAILURE_PAUSE_S)
 
     def _record(self, got: client.Collected, failed: str | None, cut: bool) -> None:
-        sample = samples.sample_of(self.kind, got, failed, cut)
+        sample = samples.sample_of(self.kind, got, failed, cut, STATE.get("stopping_ns"))
         SAMPLES.add(self.kind, sample)
         self.environment.events.request.fire(
             request_type="SSE", name=f"{self.kind} stream", response_time=(time.perf_counter_ns() - got.sent_ns) / 1e6,
@@ -120,7 +120,12 @@ def _on_init(environment, runner, **_) -> None:
 def _on_test_start(environment, **_) -> None:
     global SAMPLES
     SAMPLES = Samples()  # a web UI may start several runs: each is judged on its own samples
-    STATE.update(report=None, started=time.monotonic())
+    STATE.update(report=None, started=time.monotonic(), stopping_ns=None)
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(**_) -> None:
+    STATE["stopping_ns"] = time.perf_counter_ns()
 
 
 @events.report_to_master.add_listener
