@@ -59,10 +59,9 @@ def count_problem(kind: str, got: client.Collected) -> str | None:
 def sample_of(kind: str, got: client.Collected, failed: str | None, cut: bool, stopping_ns: int | None = None) -> dict:
     """One stream as a sample: raw ns TTFT and gaps, its counts, its stall-rule stream and its
     per-request record (ms after ORIGIN_NS, for `coopsched judge`). A stream the stop cut keeps what
-    it read before the stop began (`stopping_ns`): after that its reader was being torn down. Locust's
-    stop holds every reader for 20-35 ms before it says so (its first `inspect.stack()` reads source
-    files), then one stream reads its backlog at once and the others are killed before they read
-    theirs: a lump the stall rule would charge to the server (3 of 12 locust runs against llama-server)."""
+    it read before the stop began (`stopping_ns`): locust holds every reader for 20-35 ms before it
+    says it stops, then one stream reads its backlog and the others are killed before reading theirs,
+    a lump the stall rule would charge to the server (docs/live-verdicts.md)."""
     if cut and stopping_ns is not None:
         got = dataclasses.replace(got, arrivals=[a for a in got.arrivals if a.time_ns <= stopping_ns])
     counts = got.counts

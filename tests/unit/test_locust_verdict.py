@@ -6,7 +6,8 @@ from __future__ import annotations
 from itertools import pairwise
 
 from harness.live import stalls
-from harness.live.samples import Samples
+from harness.live.client import Arrival, Collected
+from harness.live.samples import Samples, sample_of
 from harness.verdict.live import locust_verdict, stall_check, with_locust_failures
 
 MS = 1_000_000
@@ -86,9 +87,6 @@ def test_what_a_cut_stream_read_after_the_stop_began_is_left_out():
     """Locust's stop holds every reader, then one stream reads its backlog and the other is killed
     after one token (3 of 12 runs against llama-server): judged, that lump is a head-of-line block
     of the server's; a stream the stop cut keeps only what it read before the stop began."""
-    from harness.live.client import Arrival, Collected
-    from harness.live.samples import sample_of
-
     def got(sent_ms: float, times_ms: list[float]) -> Collected:
         return Collected(round(sent_ms * MS), [Arrival(round(t * MS), 1, [1], "x", None, None, {}) for t in times_ms])
 
