@@ -35,7 +35,10 @@ def model_class(kind: str) -> type[StepModel]:
 # coopsched serve's own twin: its scheduler's knobs are the [scheduler] table; only the HTTP layer is a param
 REFERENCE_PARAMS = (Param("frontend_ms", 0.0, "(coopsched serve's HTTP layer: no flag)",
                           "from a client's send to the engine seeing the request, and from a tick's end to the "
-                          "client seeing its tokens: a TTFT's part outside the engine's ticks"),)
+                          "client seeing its tokens: a TTFT's part outside the engine's ticks"),
+                    Param("frontend_stall_ms", 0.0, "(the HTTP layer sharing the engine's core: no flag)",
+                          "ms of the engine's core each arrival's HTTP work takes from its send (a server pinned "
+                          "to one core): a tick it overlaps is stretched by it (0: a core of its own)"))
 
 
 def reference_params(kind: str, params: Mapping[str, object] | None) -> dict[str, float]:

@@ -141,7 +141,8 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     arrivals = scenario.arrivals(requests)
     open_loop = isinstance(arrivals, list)
     twin = scheduler if isinstance(scheduler, StepModel) and open_loop else None
-    stall = twin.frontend_stall_ms if twin else 0.0  # the frontend's work on the engine's core, from each send
+    # the frontend's work on the engine's core, from each send
+    stall = frontend_ms(scheduler, server_kind(scenario), params, "frontend_stall_ms") if open_loop else 0.0
     charged = SharedCoreClock(clock, [r.arrival_ms for r in requests], stall) if stall else clock
     busy = twin.frontend_busy_ms if twin else 0.0  # more frontend for a request sent while the engine is in a step
     cold = twin.idle_wake if twin else ()  # ... or after the engine sat idle a while
@@ -170,12 +171,14 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
                token_times, result.ticks, scheduler, backend)
 
 
-def frontend_ms(scheduler: Scheduler | StepModel, kind: str, params: Mapping[str, object]) -> float:
-    """From a client's send to the twin's scheduler seeing the request (a kind's model, or the
-    reference's `frontend_ms` param): the runner shifts open-loop arrivals by it."""
+def frontend_ms(scheduler: Scheduler | StepModel, kind: str, params: Mapping[str, object],
+                name: str = "frontend_ms") -> float:
+    """A frontend param of a kind's model, or of the reference's params: `frontend_ms`, from a
+    client's send to the twin's scheduler seeing the request (the runner shifts open-loop arrivals by
+    it), or `frontend_stall_ms`, the engine's core each send takes (SharedCoreClock)."""
     if isinstance(scheduler, StepModel):
-        return scheduler.frontend_ms
-    return reference_params(kind, params)["frontend_ms"]
+        return float(getattr(scheduler, name))
+    return reference_params(kind, params)[name]
 
 
 def reports_live_caches(backend: ModelBackend) -> ModelBackend:

@@ -7,7 +7,6 @@ import pytest
 from harness.calibrate.server_params import llamacpp
 from harness.calibrate.server_params.context import context_slope, mean_cached
 from harness.calibrate.server_params.llamacpp import (
-    arrival_stall,
     draft_cap,
     frontend_overhead,
     llamacpp_reported,
@@ -15,6 +14,7 @@ from harness.calibrate.server_params.llamacpp import (
     queue_wake,
     step_ms,
 )
+from harness.calibrate.server_params.stall import arrival_stall, stall_probe
 from harness.live.client import Arrival, Collected
 from mocks import CostModel
 
@@ -202,7 +202,7 @@ def test_the_stall_probe_spreads_its_arrivals_over_the_stream(step_ms):
     # probe dividing by all 8 read 2 x 0.9 / 8 = 0.225 ms an arrival, under the join: a stall of 0
     cost = CostModel()
     join = cost.prefill_batch([(16, False)])
-    ms, line = llamacpp.stall_probe(StallServer(step_ms, join + 0.9), cost, False)
+    ms, line = stall_probe(StallServer(step_ms, join + 0.9), cost, False)
     assert ms == pytest.approx(0.9, abs=1e-3) and "with 8 arrived" in line
 
 

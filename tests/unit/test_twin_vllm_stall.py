@@ -1,7 +1,8 @@
-"""The frontend sharing the engine's core (frontend_stall_ms), in virtual time: each arrival's
-frontend work holds the core from its send, so a forward it overlaps ends that much later; the
-engine idle, it delays nothing but the request (frontend_ms). A request sent while the engine is in
-a step reaches it frontend_busy_ms later still. Each rule has a planted regression."""
+"""The frontend sharing the engine's core (frontend_stall_ms: vLLM's twin, and the reference), in
+virtual time: each arrival's frontend work holds the core from its send, so a forward it overlaps
+ends that much later; the engine idle, it delays nothing but the request (frontend_ms). A request
+sent while the engine is in a step reaches it frontend_busy_ms later still. Each rule has a planted
+regression."""
 
 from __future__ import annotations
 
@@ -112,3 +113,18 @@ PLANTS = {
 
 
 test_planted_regression_is_caught = caught(PLANTS)
+
+
+def test_the_reference_twin_is_stretched_by_an_arrivals_stall_too():
+    # coopsched serve's event loop shares the engine's core when pinned: a seen at 3, prompt 3-5,
+    # decodes 5-9 and 9-13, stretched to 9-16 by b's HTTP work from its send at 9; b's own admit tick
+    # (2 ms of prompt) then runs 16-18 instead of 13-15
+    def token_times(stall: float) -> dict[str, list[float]]:
+        scenario = Scenario("stall", requests=(RequestSpec("a", 0.0, 4, max_tokens=6),
+                                               RequestSpec("b", 9.0, 4, max_tokens=1)))
+        profile = runner.Profile(COST, "coopsched", {"frontend_ms": 3.0, "frontend_stall_ms": stall})
+        return runner.execute(runner.priced(scenario, profile), SchedulerConfig(has_drafter=False)).token_times
+
+    plain, stalled = token_times(0.0), token_times(3.0)
+    assert plain == {"a": [5.0, 9.0, 13.0, 19.0, 23.0, 27.0], "b": [15.0]}
+    assert stalled == {"a": [5.0, 9.0, 16.0, 22.0, 26.0, 30.0], "b": [18.0]}

@@ -18,8 +18,10 @@ import numpy as np
 from harness.calibrate import books, fit
 from harness.calibrate.target import Server, arrivals_ms, text_prompt
 from harness.live import client
+from mocks.cost import CostModel
 
 from .kinds import Fitted, Say
+from .stall import stall_probe
 
 ACCEPT_PROBES, ACCEPT_CHARS, ACCEPT_TOKENS = 24, (24, 192), 64
 ACCEPT_BUDGET_S, ACCEPT_MIN = 3.0, 6  # probes stop after this long, once this many have run (a slow server)
@@ -27,6 +29,9 @@ PREFILL_CHARS, PREFILL_REPEATS = (24, 64, 128, 192, 320), 2  # lone one-token pr
 BESIDE_TOKENS, BESIDE_START_S = 128, 0.1  # the decoding stream beside them, and its head start
 MIN_DECODE_TICKS = 20  # a batch size's decode ticks the calibration booked, at least, to price it from them
 STRIDE = 7  # the i-th probe's length: step i x STRIDE (mod ACCEPT_PROBES) of the range: a budget cut keeps the spread
+# frontend_stall_ms: twice llama.cpp's arrivals, and more passes: on MLX an arrival's 1.5 ms is 12 ms
+# a pass of 8, against passes alone that moved by 20 ms (one probe of 3 read 5.4 ms, one 2.2)
+STALL_ARRIVALS, STALL_REPEATS = 16, 5
 
 
 def _rounds(got: client.Collected) -> tuple[int, int] | None:
@@ -205,9 +210,11 @@ def decode_books(calibration: dict | None) -> tuple[list[list[float]] | None, st
 
 
 def fit_coopsched(server: Server, profile: dict, fitted: dict, say: Say) -> Fitted:
-    """coopsched's scheduler needs no params but its HTTP layer's `frontend_ms` (its knobs come from
-    /health); the prefill, the decode steps and a speculating server's acceptance and round are
-    re-read from its books (`fit_params`' form: params, evidence, costs)."""
+    """coopsched's scheduler needs no params but its HTTP layer's (its knobs come from /health):
+    `frontend_ms`, and `frontend_stall_ms`, the engine's core each arrival's HTTP work takes (the
+    server pinned to one core: at an MLX server's knee the event loop took about 18% of the engine's
+    samples, a quarter of it handling new requests). The prefill, the decode steps and a speculating
+    server's acceptance and round are re-read from its books (`fit_params`' form: params, evidence, costs)."""
     speculates = bool(fitted.get("speculates"))
     costs, params, said = prefill_books(server, speculates)
     decode, line = decode_books(fitted.get("server_books"))
@@ -223,6 +230,10 @@ def fit_coopsched(server: Server, profile: dict, fitted: dict, say: Say) -> Fitt
         draft = float(profile.get("draft_per_token_ms") or 0.0)
         one = (decode or profile["decode_ms"])[0][1]  # a verify of one position is a decode step
         costs["verify_ms"] = [[1, one], [k, round(max(costs["round_ms"][0][1] - draft * (k - 1), 0.0), 4)]]
+    # the arrivals are classic one-token requests: each is an admit tick the twin prices off its prefill line
+    params["frontend_stall_ms"], line = stall_probe(server, CostModel(**{**profile, **costs}), False,
+                                                    STALL_ARRIVALS, STALL_REPEATS)
+    said.append(line)
     for line in said:
         say(f"coopsched: {line}")
     return params, {"says": said}, costs

@@ -19,6 +19,7 @@ from mocks.cost import CostModel
 from .context import context_slope, mean_cached
 from .idle import idle_ttfts, idle_wake
 from .kinds import Fitted, Say
+from .stall import stall_probe
 
 PROBE_TOKENS = 64   # a lone speculative request's budget: its rounds give the draft cap
 FRONTEND_PROBES = 5
@@ -26,8 +27,6 @@ FRONTEND_PROBES = 5
 STEP_ROWS, STEP_TOKENS, STEP_REPEATS = (1, 2, 3, 4), 48, 5  # 5 passes: one stalled pass moves no median
 STEP_PROMPT, LONG_PROMPT = 16, 512  # characters: the points' prompts, and the long one (at most half a slot)
 LONG_ROWS = (1, 4)  # the points timed again at the long prompt
-# frontend_stall_ms: a stream alone and with one-token arrivals spread over it, each way this many times
-STALL_TOKENS, STALL_ARRIVALS, STALL_REPEATS = 256, 8, 3
 # wake_ms: every slot holding a stream of this many tokens, with this many requests queued behind them
 # (each stream timed from its WAKE_SETTLE-th token on, when the queued requests' own HTTP work is done)
 WAKE_TOKENS, WAKE_SETTLE, WAKE_QUEUED, WAKE_REPEATS = 128, 32, (0, 12, 24), 3
@@ -218,50 +217,6 @@ def prompt_fixed(profile: dict, frontend_ms: float, evidence: list[str]) -> dict
     evidence.append(f"prefill_fixed_ms = {ms:g}: the TTFT fit's {fixed:g} less the frontend's {frontend_ms:g} ms "
                     "(the twin delays each arrival by it instead)")
     return {"prefill_fixed_ms": ms}
-
-
-def arrival_stall(passes: Sequence[tuple[float, float, int]], join_ms: float) -> tuple[float, str]:
-    """frontend_stall_ms: how much longer a stream's generation took (the server's `predicted_ms`)
-    with one-token requests sent during it than alone just before, per arrival that landed before its
-    last token (the median over the passes: each pass against its own lone run, as the server's work
-    per arrival grows with the requests it has served), less what the twin already charges for an
-    arrival (its prompt joining a step, `join_ms`): what the arrival took of the core, never under 0."""
-    passes = [p for p in passes if p[2] > 0]
-    if not passes:
-        return 0.0, "frontend_stall_ms = 0: no stream was timed alone and with arrivals during it"
-    excess = statistics.median((crossed - alone) / landed for alone, crossed, landed in passes)
-    ms = round(max(excess - join_ms, 0.0), 4)
-    shown = ", ".join(f"{alone:.2f} -> {crossed:.2f} with {landed}" for alone, crossed, landed in passes)
-    return ms, (f"frontend_stall_ms = {ms:g}: a {STALL_TOKENS}-token stream alone, then with one-token arrivals "
-                f"spread over it (server's clock: {shown} arrived before its last token, ms): {excess:.3f} ms an "
-                f"arrival (median), less the {join_ms:.3f} ms the twin charges for its prompt in a step")
-
-
-def stall_probe(server: Server, costs: CostModel, speculates: bool) -> tuple[float, str]:
-    """The stream alone, then with STALL_ARRIVALS arrivals spread evenly over the lone run's span (a
-    fixed gap outlasted a fast server's stream: on 2026-12-07 five of eight arrivals came after its
-    last token and the stall read 0), STALL_REPEATS times (the same stream each time: greedy, so the
-    same steps). Only the arrivals sent before the stream's last token count. An arrival's prompt is
-    priced as the twin's executor prices it joining a step (a prefill forward of its tokens)."""
-    key = f"stall:{time.monotonic_ns()}"
-    stream = server.body(text_prompt(STEP_PROMPT, key), STALL_TOKENS, False)
-    passes, prompts = [], []
-    for rep in range(STALL_REPEATS):
-        (got,) = server.together([stream])
-        if not (times := got.token_times_ms(got.sent_ns)):
-            continue
-        gap = times[-1] / (STALL_ARRIVALS + 1)
-        bodies = [stream] + [server.body(text_prompt(STEP_PROMPT, f"{key}:{rep}:{i}"), 1, False)
-                             for i in range(STALL_ARRIVALS)]
-        outs = server.together(bodies, [0.0] + [gap * (i + 1) for i in range(STALL_ARRIVALS)])
-        alone, crossed = got.timings, outs[0].timings
-        last_ns = outs[0].arrivals[-1].time_ns if outs[0].arrivals else 0
-        if alone and crossed:
-            landed = sum(o.sent_ns < last_ns for o in outs[1:])
-            passes.append((float(alone["predicted_ms"]), float(crossed["predicted_ms"]), landed))
-        prompts += [int(t.get("prompt_n", 0)) for t in (o.timings for o in outs[1:]) if t]
-    join = costs.prefill_batch([(round(statistics.mean(prompts)) if prompts else STEP_PROMPT, speculates)])
-    return arrival_stall(passes, join)
 
 
 def queue_wake(passes: Sequence[tuple[int, float]], parallel: int) -> tuple[float, str]:
