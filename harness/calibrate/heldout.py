@@ -98,11 +98,16 @@ def _r4(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+def mean_spread(runs: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """The runs' mean and spread ((max - min) / mean); both None when a run has no value."""
+    values = [v for v in runs if v is not None]
+    mean = float(np.mean(values)) if len(values) == len(runs) and values else None
+    return mean, ((max(values) - min(values)) / mean if mean else None)
+
+
 def row(metric: str, predicted: float | None, runs: Sequence[float | None]) -> dict:
     """One metric's line: the pass rule applied (pass None when a side has no value)."""
-    values = [v for v in runs if v is not None]
-    measured = float(np.mean(values)) if len(values) == len(runs) and values else None
-    spread = (max(values) - min(values)) / measured if measured else None
+    measured, spread = mean_spread(runs)
     error = predicted / measured - 1 if predicted is not None and measured else None
     allowed = max(TOLERANCE[metric], SPREAD_FACTOR * spread) if spread is not None else None
     return {"predicted": _r4(predicted), "measured": _r4(measured), "error": _r4(error), "spread": _r4(spread),
@@ -118,9 +123,7 @@ def compare(predicted: dict, live: Sequence[dict], before: dict | None = None,
     runs that `predicted` is the mean of, give each row the twin's own spread (not judged)."""
     rows = {m: row(m, predicted[m], [run[m] for run in live]) for m in METRICS}
     for metric, r in rows.items() if len(draws) > 1 else ():
-        values = [d[metric] for d in draws if d[metric] is not None]
-        mean = float(np.mean(values)) if len(values) == len(draws) else None
-        r["twin_spread"] = _r4((max(values) - min(values)) / mean) if mean else None
+        r["twin_spread"] = _r4(mean_spread([d[metric] for d in draws])[1])
     for metric, r in rows.items() if before is not None else ():
         b, measured = before[metric], r["measured"]
         r["before"] = {"predicted": _r4(b), "error": _r4(b / measured - 1) if b is not None and measured else None}

@@ -133,8 +133,8 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     """One run of `scenario` under `config`: its requests drawn by `seed`, and, for `draw` > 0, the
     backend's costs and acceptance (and a step model's own draws) drawn anew over the same requests."""
     clock = clock or ManualClock()
-    params = {k: v for k, v in scenario.server.items() if k != "kind"}
-    scheduler = make_scheduler(server_kind(scenario), config, params)
+    kind, params = server_kind(scenario), {k: v for k, v in scenario.server.items() if k != "kind"}
+    scheduler = make_scheduler(kind, config, params)
     if isinstance(scheduler, StepModel):
         scheduler.draw = draw
     requests = scenario.build_requests(seed, speculative)
@@ -142,7 +142,7 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     open_loop = isinstance(arrivals, list)
     twin = scheduler if isinstance(scheduler, StepModel) and open_loop else None
     # the frontend's work on the engine's core, from each send
-    stall = frontend_ms(scheduler, server_kind(scenario), params, "frontend_stall_ms") if open_loop else 0.0
+    stall = frontend_param(scheduler, kind, params, "frontend_stall_ms") if open_loop else 0.0
     charged = SharedCoreClock(clock, [r.arrival_ms for r in requests], stall) if stall else clock
     busy = twin.frontend_busy_ms if twin else 0.0  # more frontend for a request sent while the engine is in a step
     cold = twin.idle_wake if twin else ()  # ... or after the engine sat idle a while
@@ -154,7 +154,7 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
     def record(event) -> None:
         token_times[event.seq_id].extend([event.time_ms] * len(event.token_ids))
 
-    frontend = frontend_ms(scheduler, server_kind(scenario), params) if open_loop else 0.0
+    frontend = frontend_param(scheduler, kind, params, "frontend_ms") if open_loop else 0.0
     sends = {r.id: r.arrival_ms for r in requests}
     for request in requests if frontend else ():  # open loop: each reaches the scheduler that much later ...
         request.arrival_ms += frontend
@@ -171,8 +171,7 @@ def execute(scenario: Scenario, config: SchedulerConfig, seed: int = 0, *,
                token_times, result.ticks, scheduler, backend)
 
 
-def frontend_ms(scheduler: Scheduler | StepModel, kind: str, params: Mapping[str, object],
-                name: str = "frontend_ms") -> float:
+def frontend_param(scheduler: Scheduler | StepModel, kind: str, params: Mapping[str, object], name: str) -> float:
     """A frontend param of a kind's model, or of the reference's params: `frontend_ms`, from a
     client's send to the twin's scheduler seeing the request (the runner shifts open-loop arrivals by
     it), or `frontend_stall_ms`, the engine's core each send takes (SharedCoreClock)."""
